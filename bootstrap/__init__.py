@@ -1,0 +1,46 @@
+"""kernel-bootstrap: keep an agent kernel's venv and skills ready.
+
+The public API is imported lazily so that ``import bootstrap`` stays cheap on the warm path::
+
+    from bootstrap import ensure, load_config
+    result = ensure(load_config("kernel-bootstrap.toml"))
+    result.python  # the interpreter to start the kernel with
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0.dev0"
+
+_LAZY = {
+    "Config": "bootstrap.config",
+    "load_config": "bootstrap.config",
+    "ensure": "bootstrap.engine",
+    "EnsureResult": "bootstrap.engine",
+    "status": "bootstrap.state",
+    "repair": "bootstrap.repair",
+    "publish": "bootstrap.publish",
+    "push": "bootstrap.push",
+    "BootstrapError": "bootstrap.errors",
+    "ConfigError": "bootstrap.errors",
+    "SkillError": "bootstrap.errors",
+    "LockTimeout": "bootstrap.errors",
+    "UvError": "bootstrap.errors",
+}
+
+__all__ = ["__version__", *_LAZY]
+
+if TYPE_CHECKING:
+    from bootstrap.config import Config, load_config
+    from bootstrap.engine import EnsureResult, ensure
+    from bootstrap.errors import BootstrapError, ConfigError, LockTimeout, SkillError, UvError
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'bootstrap' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

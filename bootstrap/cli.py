@@ -1,0 +1,156 @@
+"""Command line: builds the parsers, dispatches, and decides exit codes in one place.
+
+Each subcommand lives in ``bootstrap/commands/<name>.py`` and takes typed arguments. Modules
+are imported only by the command that needs them: the warm ``ensure`` must cost about one
+interpreter start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from bootstrap.errors import EXIT_FAILED, EXIT_USAGE, BootstrapError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        # argparse exits 2 on its own; we keep that code but route it through our handler so
+        # the message format matches every other usage error.
+        raise _UsageError(f"{self.prog}: {message}")
+
+
+class _UsageError(Exception):
+    pass
+
+
+def _common(p: argparse.ArgumentParser, config: bool = True) -> None:
+    if config:
+        p.add_argument("--config", type=Path, metavar="PATH", help="the config file")
+    p.add_argument("-v", "--verbose", action="count", default=0, help="say more (repeatable)")
+    p.add_argument("-q", "--quiet", action="count", default=0, help="say less")
+    p.add_argument("--log-format", choices=("console", "json"), default=None)
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more: {text!r}")
+    return value
+
+
+def _jobs(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1: {text!r}")
+    return int(text)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="kernel-bootstrap", description=__doc__.splitlines()[0])
+    from bootstrap import __version__
+
+    parser.add_argument("--version", action="version", version=f"kernel-bootstrap {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("ensure", help="make the environment ready; print the interpreter path")
+    _common(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--strict", action="store_true", help="exit 3 when any skill failed")
+    p.add_argument("--lock-timeout", type=_positive, default=300.0, metavar="SECONDS")
+
+    p = sub.add_parser("status", help="say whether the environment is ready, and why not")
+    _common(p)
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("repair", help="verify the environment deeply and fix what is broken")
+    _common(p)
+    p.add_argument("--force", action="store_true", help="rebuild from scratch (staged)")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--lock-timeout", type=_positive, default=300.0, metavar="SECONDS")
+
+    p = sub.add_parser("gc", help="remove leftovers of dead processes")
+    _common(p)
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("publish", help="install skill trees atomically into a skill root")
+    _common(p)
+    p.add_argument("sources", nargs="+", type=Path, metavar="SRC")
+    p.add_argument("--into", type=Path, required=True, metavar="ROOT")
+    p.add_argument("--grace", type=_positive, default=30.0, metavar="SECONDS")
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("push", help="copy skill trees into runtimes as one tar stream")
+    _common(p)
+    p.add_argument("sources", nargs="+", type=Path, metavar="SRC")
+    p.add_argument("--dest", required=True, metavar="DIR")
+    p.add_argument("--exec", dest="execs", action="append", default=[], metavar="PREFIX")
+    p.add_argument("--jobs", type=_jobs, default=8, metavar="N")
+    p.add_argument("--json", action="store_true")
+
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = build_parser().parse_args(args_list)
+    except _UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    _configure_logging(args)
+    try:
+        return _dispatch(args)
+    except BootstrapError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except OSError as e:
+        # An unexpected I/O failure (disk full, permission) is still the user's environment,
+        # not our bug: one clear line, no traceback.
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+def _configure_logging(args: argparse.Namespace) -> None:
+    from bootstrap import log
+
+    log.configure(verbosity=args.verbose - args.quiet, fmt=args.log_format)
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    cmd: str = args.command
+    if cmd == "ensure":
+        from bootstrap.commands.ensure import ensure
+
+        return ensure(args.config, as_json=args.json, strict=args.strict,
+                      lock_timeout=args.lock_timeout)
+    if cmd == "status":
+        from bootstrap.commands.status import status
+
+        return status(args.config, as_json=args.json)
+    if cmd == "repair":
+        from bootstrap.commands.repair import repair
+
+        return repair(args.config, force=args.force, as_json=args.json,
+                      lock_timeout=args.lock_timeout)
+    if cmd == "gc":
+        from bootstrap.commands.gc import gc
+
+        return gc(args.config, as_json=args.json)
+    if cmd == "publish":
+        from bootstrap.commands.publish import publish
+
+        return publish(args.sources, into=args.into, grace=args.grace, as_json=args.json)
+    if cmd == "push":
+        from bootstrap.commands.push import push
+
+        return push(args.sources, dest=args.dest, execs=args.execs, jobs=args.jobs,
+                    as_json=args.json)
+    raise AssertionError(f"BUG: no handler for command {cmd!r}")

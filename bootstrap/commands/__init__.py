@@ -1,0 +1,1 @@
+"""One module per subcommand; each exposes a function of typed arguments returning an exit code."""

@@ -1,0 +1,53 @@
+"""Test-wide guards: no test may touch the real home directory, caches or config."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+# Read before any fixture rewrites the environment: this is what we must never touch.
+REAL_HOME = Path(os.path.expanduser("~")).resolve()
+_GUARDED = ("HOME", "XDG_DATA_HOME", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_STATE_HOME",
+            "UV_CACHE_DIR")
+
+
+def _real_state_dirs() -> list[Path]:
+    return [
+        REAL_HOME / ".local" / "share" / "kernel-bootstrap",
+        REAL_HOME / ".cache" / "kernel-bootstrap",
+        REAL_HOME / ".config" / "kernel-bootstrap",
+    ]
+
+
+@pytest.fixture(scope="session")
+def uv_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One uv cache for the whole session: the real-uv tests download the build backend once."""
+    return tmp_path_factory.mktemp("uv-cache")
+
+
+@pytest.fixture(autouse=True)
+def isolated_home(
+    tmp_path_factory: pytest.TempPathFactory, uv_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Path]:
+    """Point HOME, the XDG dirs and uv's cache at temporary paths, and fail loudly otherwise."""
+    before = {p: p.exists() for p in _real_state_dirs()}
+    home = tmp_path_factory.mktemp("home")
+    monkeypatch.setenv("HOME", str(home))
+    for var, sub in (("XDG_DATA_HOME", ".local/share"), ("XDG_CACHE_HOME", ".cache"),
+                     ("XDG_CONFIG_HOME", ".config"), ("XDG_STATE_HOME", ".local/state")):
+        monkeypatch.setenv(var, str(home / sub))
+    monkeypatch.setenv("UV_CACHE_DIR", str(uv_cache))
+    for var in ("KERNEL_BOOTSTRAP_CONFIG", "KERNEL_BOOTSTRAP_VENV", "KERNEL_BOOTSTRAP_PYTHON",
+                "KERNEL_BOOTSTRAP_UV", "KERNEL_BOOTSTRAP_SNAPSHOTS", "VIRTUAL_ENV"):
+        monkeypatch.delenv(var, raising=False)
+    yield home
+    for var in _GUARDED:
+        value = os.environ.get(var, "")
+        if value and Path(value).resolve() == REAL_HOME:
+            pytest.fail(f"{var} points at the real home directory {REAL_HOME}")
+    for path, existed in before.items():
+        if path.exists() and not existed:
+            pytest.fail(f"a test created {path} in the real home directory")
