@@ -29,7 +29,22 @@ _LAZY = {
     "UvError": "bootstrap.errors",
 }
 
-__all__ = ["__version__", *_LAZY]
+__all__ = [
+    "BootstrapError",
+    "Config",
+    "ConfigError",
+    "EnsureResult",
+    "LockTimeout",
+    "SkillError",
+    "UvError",
+    "__version__",
+    "ensure",
+    "load_config",
+    "publish",
+    "push",
+    "repair",
+    "status",
+]
 
 if TYPE_CHECKING:
     from bootstrap.config import Config, load_config
