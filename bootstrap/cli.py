@@ -7,26 +7,34 @@ interpreter start.
 
 from __future__ import annotations
 
-import argparse
 import sys
-from collections.abc import Sequence
-from pathlib import Path
 
-from bootstrap.errors import EXIT_FAILED, EXIT_USAGE, BootstrapError
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
-        # argparse exits 2 on its own; we keep that code but route it through our handler so
-        # the message format matches every other usage error.
-        raise _UsageError(f"{self.prog}: {message}")
+# Only sys at import time: the warm `ensure` is answered before argparse (~5 ms) is imported.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Sequence
 
 
 class _UsageError(Exception):
     pass
 
 
+def _parser_class() -> type[argparse.ArgumentParser]:
+    import argparse
+
+    class _Parser(argparse.ArgumentParser):
+        def error(self, message: str) -> None:  # type: ignore[override]
+            # argparse exits 2 on its own; we keep the code but route the message through our
+            # handler so it reads like every other usage error.
+            raise _UsageError(f"{self.prog}: {message}")
+
+    return _Parser
+
+
 def _common(p: argparse.ArgumentParser, config: bool = True) -> None:
+    from pathlib import Path
+
     if config:
         p.add_argument("--config", type=Path, metavar="PATH", help="the config file")
     p.add_argument("-v", "--verbose", action="count", default=0, help="say more (repeatable)")
@@ -35,6 +43,8 @@ def _common(p: argparse.ArgumentParser, config: bool = True) -> None:
 
 
 def _positive(text: str) -> float:
+    import argparse
+
     try:
         value = float(text)
     except ValueError:
@@ -45,17 +55,23 @@ def _positive(text: str) -> float:
 
 
 def _jobs(text: str) -> int:
+    import argparse
+
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"must be a whole number of at least 1: {text!r}")
     return int(text)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="kernel-bootstrap", description=__doc__.splitlines()[0])
+    from pathlib import Path
+
     from bootstrap import __version__
 
+    parser_class = _parser_class()
+    parser = parser_class(prog="kernel-bootstrap", description=(__doc__ or "").splitlines()[0])
+
     parser.add_argument("--version", action="version", version=f"kernel-bootstrap {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=parser_class)
 
     p = sub.add_parser("ensure", help="make the environment ready; print the interpreter path")
     _common(p)
@@ -97,12 +113,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
+    from bootstrap.warm import try_cli
+
+    warm_exit = try_cli(args_list)
+    if warm_exit is not None:
+        return warm_exit
     try:
         args = build_parser().parse_args(args_list)
     except _UsageError as e:
         print(f"error: {e}", file=sys.stderr)
-        return EXIT_USAGE
+        return 2  # EXIT_USAGE, spelled out to keep bootstrap.errors off the warm path
     _configure_logging(args)
+    from bootstrap.errors import EXIT_FAILED, BootstrapError
+
     try:
         return _dispatch(args)
     except BootstrapError as e:

@@ -1,0 +1,26 @@
+"""``kernel-bootstrap ensure``: make the environment ready; print the interpreter path."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bootstrap.config import load_config
+from bootstrap.engine import ensure as run_ensure
+from bootstrap.errors import EXIT_OK, EXIT_SKILLS_FAILED
+
+
+def ensure(config_path: Path | None, *, as_json: bool, strict: bool, lock_timeout: float) -> int:
+    result = run_ensure(load_config(config_path), lock_timeout=lock_timeout)
+    if as_json:
+        print(json.dumps({
+            "python": str(result.python),
+            "venv": str(result.venv),
+            "action": result.action,
+            "installed": list(result.installed),
+            "failed": [{"name": n, "error": e} for n, e in result.failed.items()],
+            "removed": list(result.removed),
+        }))
+    else:
+        print(result.python)
+    return EXIT_SKILLS_FAILED if strict and result.failed else EXIT_OK

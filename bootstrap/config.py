@@ -1,0 +1,231 @@
+"""The config file (TOML) → a frozen :class:`Config`, with env overrides and named-key errors.
+
+Validation here is cheap on purpose (it runs on the warm path): types, unknown keys, skill
+discovery. Requirements are checked against PEP 508 by :func:`validate_requirements`, which
+the slow path calls before it creates or installs anything.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from bootstrap.errors import ConfigError, SkillError
+from bootstrap.skillmd import check_skill_dir
+
+DEFAULT_FILE: Final = "kernel-bootstrap.toml"
+PYPROJECT: Final = "pyproject.toml"
+_KEYS: Final = frozenset(
+    {"venv", "python", "requirements", "constraints", "uv-args", "skills", "ready-check",
+     "snapshots"}
+)
+
+
+@dataclass(frozen=True)
+class Skill:
+    """A configured skill: a directory holding SKILL.md, a Python skill if it has a pyproject."""
+
+    name: str
+    path: Path
+
+    @property
+    def pyproject(self) -> Path:
+        return self.path / PYPROJECT
+
+    @property
+    def is_python(self) -> bool:
+        return self.pyproject.is_file()
+
+
+@dataclass(frozen=True)
+class Config:
+    path: Path | None
+    venv: Path
+    python: str
+    requirements: tuple[str, ...] = ()
+    constraints: Path | None = None
+    uv_args: tuple[str, ...] = ()
+    skills: tuple[Skill, ...] = ()
+    ready_check: str | None = None
+    snapshots: Path | None = None
+    # KERNEL_BOOTSTRAP_PYTHON: use this interpreter as it is; no venv is managed.
+    override_python: Path | None = None
+    # Directories skill discovery listed: a skill appearing in one changes its mtime, which is
+    # how the warm path notices (see bootstrap.warm).
+    watch: tuple[Path, ...] = ()
+
+    @property
+    def python_skills(self) -> tuple[Skill, ...]:
+        return tuple(s for s in self.skills if s.is_python)
+
+
+def find_config_file(explicit: Path | None) -> Path:
+    """``--config``, else ``$KERNEL_BOOTSTRAP_CONFIG``, else ``./kernel-bootstrap.toml``."""
+    if explicit is not None:
+        return explicit
+    env = os.environ.get("KERNEL_BOOTSTRAP_CONFIG")
+    return Path(env) if env else Path(DEFAULT_FILE)
+
+
+def load_config(path: Path | str | None = None) -> Config:
+    """Read, validate and resolve a config file (see DESIGN.md §2 for the keys)."""
+    file = find_config_file(Path(path) if path is not None else None).absolute()
+    data = _read_toml(file)
+    return config_from_dict(data, file)
+
+
+def _read_toml(file: Path) -> dict[str, Any]:
+    import tomllib
+
+    try:
+        raw = file.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"{file}: config file not found (pass --config PATH)") from None
+    except OSError as e:
+        raise ConfigError(f"{file}: cannot read config file: {e.strerror}") from None
+    try:
+        return tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(f"{file}: config file is not UTF-8 text") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{file}: invalid TOML: {e}") from None
+
+
+def config_from_dict(data: dict[str, Any], file: Path) -> Config:
+    unknown = sorted(set(data) - _KEYS)
+    if unknown:
+        raise ConfigError(f"{file}: unknown key {unknown[0]!r} (known: {', '.join(sorted(_KEYS))})")
+    base = file.parent
+    reader = _Reader(file, data)
+    venv_env = os.environ.get("KERNEL_BOOTSTRAP_VENV")
+    venv = _resolve(base, venv_env) if venv_env else reader.path("venv", base)
+    constraints = reader.path("constraints", base)
+    if constraints is not None and not constraints.is_file():
+        raise ConfigError(f"{file}: key 'constraints': file not found: {constraints}")
+    snapshots_env = os.environ.get("KERNEL_BOOTSTRAP_SNAPSHOTS")
+    snapshots = _resolve(base, snapshots_env) if snapshots_env else reader.path("snapshots", base)
+    override = os.environ.get("KERNEL_BOOTSTRAP_PYTHON")
+    skills, watch = discover_skills(reader.strings("skills"), base, file)
+    return Config(
+        path=file,
+        venv=venv if venv is not None else default_venv(),
+        python=reader.string("python") or default_python(),
+        requirements=reader.strings("requirements"),
+        constraints=constraints,
+        uv_args=reader.strings("uv-args"),
+        skills=skills,
+        ready_check=reader.string("ready-check"),
+        snapshots=snapshots,
+        override_python=Path(override) if override else None,
+        watch=watch,
+    )
+
+
+class _Reader:
+    """Typed access to config keys; every error names the file and the key."""
+
+    def __init__(self, file: Path, data: dict[str, Any]) -> None:
+        self.file = file
+        self.data = data
+
+    def _bad(self, key: str, expected: str) -> ConfigError:
+        value = self.data[key]
+        return ConfigError(
+            f"{self.file}: key {key!r} must be {expected}, got {type(value).__name__} {value!r}"
+        )
+
+    def string(self, key: str) -> str | None:
+        value = self.data.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, str) or not value.strip():
+            raise self._bad(key, "a non-empty string")
+        return value
+
+    def strings(self, key: str) -> tuple[str, ...]:
+        value = self.data.get(key, [])
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise self._bad(key, "a list of strings")
+        return tuple(value)
+
+    def path(self, key: str, base: Path) -> Path | None:
+        value = self.string(key)
+        return _resolve(base, value) if value is not None else None
+
+
+def _resolve(base: Path, value: str) -> Path:
+    return Path(os.path.normpath(base / Path(value).expanduser()))
+
+
+def default_venv() -> Path:
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("kernel-bootstrap")) / "venv"
+
+
+def default_python() -> str:
+    # The interpreter running kernel-bootstrap; its base so that running us from one venv does
+    # not make the managed venv depend on that venv.
+    return str(getattr(sys, "_base_executable", None) or sys.executable)
+
+
+def discover_skills(
+    patterns: tuple[str, ...], base: Path, file: Path
+) -> tuple[tuple[Skill, ...], tuple[Path, ...]]:
+    """Expand ``skills`` entries: a glob keeps the matches holding SKILL.md; a plain path must
+    be a skill. Two skills with the same name are an error naming both paths. Also returns the
+    directories the expansion depended on."""
+    found: dict[str, Skill] = {}
+    watch: list[Path] = []
+    for index, pattern in enumerate(patterns):
+        if glob.has_magic(pattern):
+            watch += _glob_dirs(_resolve(base, pattern))
+        for path in _expand(pattern, base, file, index):
+            try:
+                name = check_skill_dir(path)
+            except SkillError as e:
+                raise SkillError(f"{file}: skills[{index}]: {e}") from None
+            other = found.get(name)
+            if other is not None and other.path != path:
+                raise ConfigError(
+                    f"{file}: two skills named {name!r}: {other.path} and {path}"
+                )
+            found[name] = Skill(name, path)
+    return tuple(found.values()), tuple(dict.fromkeys(watch))
+
+
+def _glob_dirs(full: Path) -> list[Path]:
+    """The literal root of a glob and every directory matched by each of its prefixes."""
+    parts = full.parts
+    first = next(i for i, part in enumerate(parts) if glob.has_magic(part))
+    dirs = [Path(*parts[:first])]
+    for end in range(first + 1, len(parts) + 1):
+        dirs += sorted(Path(m) for m in glob.glob(str(Path(*parts[:end]))) if Path(m).is_dir())
+    return dirs
+
+
+def _expand(pattern: str, base: Path, file: Path, index: int) -> list[Path]:
+    full = _resolve(base, pattern)
+    if glob.has_magic(pattern):
+        matches = sorted(Path(m) for m in glob.glob(str(full)))
+        return [m for m in matches if (m / "SKILL.md").is_file()]
+    if not full.is_dir():
+        raise ConfigError(f"{file}: skills[{index}]: not a directory: {full}")
+    return [full]
+
+
+def validate_requirements(config: Config) -> None:
+    """Every requirement must be PEP 508; the error quotes the bad one."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    for index, text in enumerate(config.requirements):
+        try:
+            Requirement(text)
+        except InvalidRequirement as e:
+            raise ConfigError(
+                f"{config.path}: requirements[{index}]: invalid requirement {text!r}: {e}"
+            ) from None

@@ -1,0 +1,186 @@
+"""``ensure()``: make the environment ready, doing as little as the marker allows.
+
+Read the marker without the lock; if everything it records is current, return the interpreter:
+no uv, no writes, no child process. Otherwise take the lock and check again, since another
+process may have finished the work while we waited. If the runtime is current, sync skills only.
+Otherwise rebuild beside the live venv, write the base marker, swap the new venv in, then sync
+skills. The interpreter path never changes across rebuilds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from bootstrap import lock, log, process, warm
+from bootstrap.config import Config, validate_requirements
+from bootstrap.errors import BootstrapError, ConfigError
+from bootstrap.identity import identity_of, runtime_inputs
+from bootstrap.marker import RuntimeRecord, base_marker, marker_path, read_marker, write_marker
+from bootstrap.skillmd import SKILL_FILE
+from bootstrap.state import Assessment, assess
+from bootstrap.sync import sync_skills
+from bootstrap.uv import Uv, make_uv
+from bootstrap.venv import (
+    interpreter,
+    is_venv,
+    python_version,
+    recover,
+    scripts_dir,
+    staging_path,
+    swap_into_place,
+)
+
+Action = Literal["ready", "skills", "rebuild", "override"]
+
+
+@dataclass(frozen=True)
+class EnsureResult:
+    python: Path
+    venv: Path
+    action: Action
+    installed: tuple[str, ...] = ()
+    failed: dict[str, str] = field(default_factory=dict)
+    removed: tuple[str, ...] = ()
+
+
+def ensure(config: Config, *, lock_timeout: float = 300.0, force: bool = False,
+           reinstall: frozenset[str] = frozenset()) -> EnsureResult:
+    """Make ``config``'s environment ready and return its interpreter.
+
+    ``force`` rebuilds the runtime even when it is current (``repair --force``); ``reinstall``
+    names skills to reinstall even if uv believes them installed (``repair`` of a damaged one).
+    """
+    if config.override_python is not None:
+        from bootstrap.override import ensure_override
+
+        return ensure_override(config)
+    config_stamps = warm.stamps(_config_paths(config))
+    venv_stamps = warm.stamps(_venv_paths(config))
+    found = assess(config)
+    if found.ready and not force and not reinstall:
+        _remember(config, config_stamps + venv_stamps)
+        return EnsureResult(found.python, config.venv, "ready")
+    validate_requirements(config)
+    with lock.hold(config.venv, lock_timeout):
+        recover(config.venv, has_marker=found.marker.data is not None)
+        # Another process may have finished this while we waited for the lock.
+        venv_stamps = warm.stamps(_venv_paths(config))
+        found = assess(config)
+        if found.ready and not force and not reinstall:
+            _remember(config, config_stamps + venv_stamps)
+            return EnsureResult(found.python, config.venv, "ready")
+        uv = make_uv(config.constraints, config.uv_args)
+        if found.base_current and not force and found.marker.data is not None:
+            action: Action = "skills"
+            runtime = found.marker.data["runtime"]
+        else:
+            _say_why_rebuild(found)
+            action, runtime = "rebuild", rebuild(config, uv)
+        outcome = sync_skills(config, uv, runtime, reinstall)
+        if not outcome.failed:
+            # Under the lock nobody else changes the venv: these stamps are of our final write.
+            _remember(config, config_stamps + warm.stamps(_venv_paths(config)))
+    return EnsureResult(interpreter(config.venv), config.venv, action,
+                        tuple(outcome.installed), outcome.failed, tuple(outcome.removed))
+
+
+def _config_paths(config: Config) -> list[str]:
+    """Everything outside the venv that the ready check reads."""
+    paths = [config.path] if config.path else []
+    if config.constraints:
+        paths.append(config.constraints)
+    paths += config.watch
+    for skill in config.skills:
+        paths += [skill.path, skill.path / SKILL_FILE, skill.pyproject]
+    return list(dict.fromkeys(str(p) for p in paths))
+
+
+def _venv_paths(config: Config) -> list[str]:
+    venv = config.venv
+    return [str(venv / "pyvenv.cfg"), str(marker_path(venv)), str(interpreter(venv))]
+
+
+def _remember(config: Config, stamped: list[tuple[str, str]]) -> None:
+    if config.path is not None:
+        warm.save(str(config.path), str(config.venv), str(interpreter(config.venv)), stamped)
+
+
+def _say_why_rebuild(found: Assessment) -> None:
+    if found.marker.state in ("corrupt", "legacy"):
+        log.warning(found.marker.problem + "; rebuilding the venv", venv=str(found.venv))
+    else:
+        log.info("building the runtime", venv=str(found.venv), why=found.why)
+
+
+def rebuild(config: Config, uv: Uv) -> RuntimeRecord:
+    """Build a new venv beside the live one, validate it, write its base marker, swap it in."""
+    live = config.venv
+    _refuse_foreign_directory(live)
+    staged = staging_path(live)
+    with _removed_on_failure(staged):
+        uv.create_venv(staged, config.python)
+        if config.requirements:
+            log.info("installing the runtime", requirements=list(config.requirements))
+            uv.install(interpreter(staged), list(config.requirements),
+                       what="uv could not install the requirements")
+        version = _validate(staged, config)
+        inputs = runtime_inputs(config, version)
+        runtime: RuntimeRecord = {"identity": identity_of(inputs), "inputs": dict(inputs),
+                                  "python": str(interpreter(live))}
+        # The base marker lands with the venv: a session killed during the skill sync leaves
+        # a marker that says "runtime done", so the next one never rebuilds it.
+        write_marker(staged, base_marker(runtime))
+        method = swap_into_place(staged, live)
+    log.info("runtime ready", venv=str(live), swap=method)
+    return runtime
+
+
+def _refuse_foreign_directory(live: Path) -> None:
+    if live.is_dir() and not is_venv(live) and any(live.iterdir()):
+        raise ConfigError(
+            f"{live} exists and is not a virtual environment; refusing to replace it. "
+            "Point `venv` (or KERNEL_BOOTSTRAP_VENV) at another path, or remove it yourself."
+        )
+    if live.exists() and not live.is_dir():
+        raise ConfigError(f"{live} exists and is not a directory; point `venv` elsewhere")
+
+
+@contextlib.contextmanager
+def _removed_on_failure(path: Path) -> Iterator[None]:
+    # BaseException: ^C and SystemExit must not leave a half-built venv behind either. A SIGKILL
+    # does; the next start's recover() reaps it under the lock.
+    try:
+        yield
+    except BaseException:
+        shutil.rmtree(path, ignore_errors=True)
+        raise
+
+
+def _validate(staged: Path, config: Config) -> str:
+    """The staged venv's interpreter runs, the ready-check passes, scripts are relocatable."""
+    python = interpreter(staged)
+    process.run(python, "-c", "import sys, site", what="the new venv's interpreter does not run")
+    if config.ready_check:
+        process.run(python, "-c", config.ready_check,
+                    what="the ready-check failed in the new venv")
+    needle = str(staged).encode()
+    for script in sorted(scripts_dir(staged).iterdir()):
+        if script.is_file() and needle in script.read_bytes()[:4096]:
+            raise BootstrapError(
+                f"{script.name} in the new venv refers to its staging path {staged}; it would "
+                "not run after the venv is moved into place (is uv older than 0.5?)"
+            )
+    version = python_version(staged)
+    if version is None:
+        raise BootstrapError(f"the new venv at {staged} has no readable pyvenv.cfg")
+    return version
+
+
+def current_marker_runtime(config: Config) -> RuntimeRecord | None:
+    data = read_marker(config.venv).data
+    return data["runtime"] if data else None

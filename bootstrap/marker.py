@@ -1,0 +1,150 @@
+"""The readiness marker ``<venv>/.bootstrap-version``: tolerant read, merge, atomic write.
+
+The marker is what makes a SIGKILLed session's work count: the base record lands right after the
+runtime install and each skill group's record as soon as it lands, so the next session installs
+only what is left. Reading never raises: anything unreadable is "missing" (with a warning naming
+the file) or "legacy" (another schema), and both mean rebuild.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final, Literal, TypedDict
+
+from bootstrap.atomic import write_atomic
+from bootstrap.identity import SCHEMA
+
+MARKER_NAME: Final = ".bootstrap-version"
+MarkerState = Literal["ok", "missing", "corrupt", "legacy"]
+
+
+class SkillRecord(TypedDict):
+    path: str
+    pyproject: str
+    project: str
+
+
+class FailedRecord(TypedDict):
+    path: str
+    pyproject: str
+    error: str
+
+
+class RuntimeRecord(TypedDict):
+    identity: str
+    inputs: dict[str, Any]
+    python: str
+
+
+class MarkerData(TypedDict):
+    schema: int
+    runtime: RuntimeRecord
+    skills: dict[str, SkillRecord]
+    failed: dict[str, FailedRecord]
+    updated: float
+
+
+@dataclass(frozen=True)
+class MarkerRead:
+    state: MarkerState
+    data: MarkerData | None = None
+    problem: str = ""
+
+
+@dataclass
+class SkillChanges:
+    """What a sync step learned, to overlay on the on-disk marker."""
+
+    installed: dict[str, SkillRecord] = field(default_factory=dict)
+    failed: dict[str, FailedRecord] = field(default_factory=dict)
+    removed: set[str] = field(default_factory=set)
+
+
+def marker_path(venv: Path) -> Path:
+    return venv / MARKER_NAME
+
+
+def read_marker(venv: Path) -> MarkerRead:
+    """Read without ever raising; see :class:`MarkerRead` for the states."""
+    path = marker_path(venv)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return MarkerRead("missing")
+    except OSError as e:
+        return MarkerRead("corrupt", problem=f"marker {path} unreadable: {e.strerror}")
+    try:
+        obj = json.loads(raw)
+    except (ValueError, RecursionError):
+        return MarkerRead("corrupt", problem=f"marker {path} is not valid JSON (truncated?)")
+    if not isinstance(obj, dict):
+        return MarkerRead("corrupt", problem=f"marker {path} is not a JSON object")
+    schema = obj.get("schema")
+    if schema != SCHEMA or isinstance(schema, bool):
+        return MarkerRead("legacy", problem=f"marker {path} has schema {schema!r}, not {SCHEMA}")
+    problem = _shape_problem(obj)
+    if problem:
+        return MarkerRead("corrupt", problem=f"marker {path} is malformed: {problem}")
+    return MarkerRead("ok", obj)  # type: ignore[arg-type]  # shape checked just above
+
+
+def _shape_problem(obj: dict[str, Any]) -> str | None:
+    runtime = obj.get("runtime")
+    if not isinstance(runtime, dict) or not _all_str(runtime, ("identity", "python")):
+        return "runtime record missing or wrongly typed"
+    if not isinstance(runtime.get("inputs"), dict):
+        return "runtime inputs missing"
+    for key, fields in (("skills", ("path", "pyproject", "project")),
+                        ("failed", ("path", "pyproject", "error"))):
+        table = obj.get(key)
+        if not isinstance(table, dict):
+            return f"{key!r} is not an object"
+        for name, record in table.items():
+            if not isinstance(record, dict) or not _all_str(record, fields):
+                return f"{key}[{name!r}] is wrongly shaped"
+    if not isinstance(obj.get("updated"), int | float):
+        return "'updated' is not a number"
+    return None
+
+
+def _all_str(obj: dict[str, Any], keys: tuple[str, ...]) -> bool:
+    return all(isinstance(obj.get(k), str) for k in keys)
+
+
+def base_marker(runtime: RuntimeRecord) -> MarkerData:
+    """A marker for a freshly built runtime: no skills recorded yet."""
+    return {"schema": SCHEMA, "runtime": runtime, "skills": {}, "failed": {},
+            "updated": time.time()}
+
+
+def write_marker(venv: Path, data: MarkerData) -> None:
+    data["updated"] = time.time()
+    blob = json.dumps(data, indent=1, sort_keys=True).encode() + b"\n"
+    write_atomic(marker_path(venv), blob)
+
+
+def merge_skills(venv: Path, runtime: RuntimeRecord, changes: SkillChanges) -> MarkerData:
+    """Overlay ``changes`` on the on-disk marker and write it atomically.
+
+    Starting from what is on disk (not from memory) keeps every entry recorded earlier in this
+    run, or by an earlier killed run, even if our in-memory view is stale.
+    """
+    current = read_marker(venv)
+    if current.data is not None and current.data["runtime"]["identity"] == runtime["identity"]:
+        data = current.data
+    else:
+        data = base_marker(runtime)
+    for name in changes.removed:
+        data["skills"].pop(name, None)
+        data["failed"].pop(name, None)
+    for name, record in changes.installed.items():
+        data["skills"][name] = record
+        data["failed"].pop(name, None)
+    for name, failure in changes.failed.items():
+        data["failed"][name] = failure
+        data["skills"].pop(name, None)
+    write_marker(venv, data)
+    return data

@@ -1,0 +1,180 @@
+"""Skill sync: install what is pending in one uv call, isolate failures, record every landing.
+
+Each success is merged into the marker as soon as it lands, so a session killed at any point
+leaves a marker that tells the next session exactly what is left. The system we replace wrote
+its marker once, after the last install: every killed session left nothing behind, and the next
+one started over, forever.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bootstrap import log
+from bootstrap.config import Config
+from bootstrap.errors import UvError
+from bootstrap.marker import (
+    FailedRecord,
+    MarkerData,
+    RuntimeRecord,
+    SkillChanges,
+    SkillRecord,
+    merge_skills,
+    read_marker,
+    write_marker,
+)
+from bootstrap.skills import (
+    PythonSkill,
+    dependency_order,
+    load_python_skill,
+    requirements_file,
+    with_dependencies,
+)
+from bootstrap.uv import Uv
+from bootstrap.venv import interpreter
+
+
+@dataclass
+class SyncOutcome:
+    installed: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+    removed: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Sync:
+    config: Config
+    uv: Uv
+    runtime: RuntimeRecord
+    skills: dict[str, PythonSkill]
+    reinstall: frozenset[str] = frozenset()
+    outcome: SyncOutcome = field(default_factory=SyncOutcome)
+
+    @property
+    def python(self) -> Path:
+        return interpreter(self.config.venv)
+
+    @property
+    def by_project(self) -> dict[str, PythonSkill]:
+        return {s.project: s for s in self.skills.values() if s.project}
+
+    def record(self, changes: SkillChanges) -> None:
+        merge_skills(self.config.venv, self.runtime, changes)
+
+    def land(self, group: Sequence[PythonSkill]) -> None:
+        self.record(SkillChanges(installed={s.name: _record_of(s) for s in group}))
+        self.outcome.installed += [s.name for s in group if s.name not in self.outcome.installed]
+
+    def fail(self, skill: PythonSkill, error: str) -> None:
+        log.warning("skill failed to install", skill=skill.name, path=str(skill.skill.path),
+                    error=error, hint="fix it, then run `kernel-bootstrap ensure` or `repair`")
+        failure: FailedRecord = {"path": str(skill.skill.path), "pyproject": skill.hash,
+                                 "error": error}
+        self.record(SkillChanges(failed={skill.name: failure}))
+        self.outcome.failed[skill.name] = error
+
+    def install(self, group: Sequence[PythonSkill], what: str) -> None:
+        with tempfile.TemporaryDirectory(prefix="kernel-bootstrap-") as tmp:
+            reqs = requirements_file(group, Path(tmp))
+            forced = [a for s in group if s.name in self.reinstall
+                      for a in ("--reinstall-package", s.project)]
+            self.uv.install(self.python, ["-r", str(reqs), *forced], what=what)
+
+
+def _record_of(skill: PythonSkill) -> SkillRecord:
+    return {"path": str(skill.skill.path), "pyproject": skill.hash, "project": skill.project}
+
+
+def sync_skills(config: Config, uv: Uv, runtime: RuntimeRecord,
+                reinstall: frozenset[str] = frozenset()) -> SyncOutcome:
+    """Bring the venv's skills in line with the config; end with an authoritative marker.
+
+    ``reinstall`` names skills to install again even though they are recorded.
+    """
+    sync = _Sync(config, uv, runtime,
+                 {s.name: load_python_skill(s) for s in config.python_skills}, reinstall)
+    marker = read_marker(config.venv).data
+    recorded = marker["skills"] if marker else {}
+    _remove_unconfigured(sync, recorded)
+    pending = [s for s in sync.skills.values()
+               if s.name in reinstall or not _is_recorded(s, recorded)]
+    for skill in [s for s in pending if s.problem]:
+        sync.fail(skill, skill.problem)
+    pending = [s for s in pending if not s.problem]
+    if pending:
+        _install_pending(sync, pending)
+    _finish(sync)
+    return sync.outcome
+
+
+def _is_recorded(skill: PythonSkill, recorded: dict[str, SkillRecord]) -> bool:
+    record = recorded.get(skill.name)
+    return bool(record and record["path"] == str(skill.skill.path)
+                and record["pyproject"] == skill.hash)
+
+
+def _remove_unconfigured(sync: _Sync, recorded: dict[str, SkillRecord]) -> None:
+    gone = sorted(n for n in recorded if n not in sync.skills)
+    if not gone:
+        return
+    projects = sorted({recorded[n]["project"] for n in gone} - set(sync.by_project))
+    if projects:
+        log.info("uninstalling skills no longer configured", skills=gone)
+        sync.uv.uninstall(sync.python, projects)
+    sync.record(SkillChanges(removed=set(gone)))
+    sync.outcome.removed = gone
+
+
+def _install_pending(sync: _Sync, pending: list[PythonSkill]) -> None:
+    names = [s.name for s in pending]
+    log.info("installing skills", count=len(pending), skills=names)
+    # The configured skills they depend on go into the same call (already-installed ones are a
+    # no-op for uv's freshness check), otherwise uv looks for them on the index and fails.
+    group = dependency_order(
+        {d.name: d for s in pending for d in with_dependencies(s, sync.by_project)}.values(),
+        sync.by_project,
+    )
+    try:
+        sync.install(group, what=f"uv could not install skills {', '.join(names)}")
+    except UvError as e:
+        log.warning("skill group failed; installing one by one to find the bad ones",
+                    skills=names, error=e.tail)
+        _isolate(sync, pending)
+        return
+    sync.land(pending)
+
+
+def _isolate(sync: _Sync, pending: list[PythonSkill]) -> None:
+    """Install each pending skill with its configured dependencies; record each result."""
+    for skill in dependency_order(pending, sync.by_project):
+        unit = with_dependencies(skill, sync.by_project)
+        broken = [d.name for d in unit[:-1] if d.name in sync.outcome.failed]
+        if broken:
+            sync.fail(skill, f"depends on skill {broken[0]!r}, which failed to install")
+            continue
+        try:
+            sync.install(unit, what=f"uv could not install skill {skill.name}")
+        except UvError as e:
+            sync.fail(skill, e.tail or str(e))
+            continue
+        sync.land([s for s in unit if s in pending])
+
+
+def _finish(sync: _Sync) -> None:
+    """The authoritative write: exactly the configured skills as they are now, nothing else."""
+    current = read_marker(sync.config.venv).data
+    if current is None or current["runtime"]["identity"] != sync.runtime["identity"]:
+        raise AssertionError("BUG: the marker changed under the bootstrap lock")
+    truth: MarkerData = {
+        "schema": current["schema"],
+        "runtime": current["runtime"],
+        "skills": {n: r for n, r in current["skills"].items()
+                   if n in sync.skills and _is_recorded(sync.skills[n], {n: r})},
+        "failed": {n: r for n, r in current["failed"].items()
+                   if n in sync.skills and n not in current["skills"]},
+        "updated": current["updated"],
+    }
+    write_marker(sync.config.venv, truth)

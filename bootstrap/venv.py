@@ -1,0 +1,152 @@
+"""The managed venv on disk: its interpreter, its version, and the staged rebuild's swap.
+
+A rebuild is built in a hidden sibling (same filesystem) and only then swapped into the stable
+path, so until that instant the old venv and its marker are untouched and usable. The system we
+replace removed the venv first; a failed rebuild then left its user with no kernel at all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import sys
+from pathlib import Path
+from typing import Final
+
+from bootstrap import log
+from bootstrap.atomic import exchange, fsync_dir, write_atomic
+
+_STAGE: Final = "stage"
+_RETIRED: Final = "retired"
+
+
+def interpreter(venv: Path) -> Path:
+    """The venv's interpreter; the one place that knows the per-platform layout."""
+    if sys.platform == "win32":
+        return venv / "Scripts" / "python.exe"
+    return venv / "bin" / "python"
+
+
+def scripts_dir(venv: Path) -> Path:
+    return interpreter(venv).parent
+
+
+def python_version(venv: Path) -> str | None:
+    """The full version the venv runs, from ``pyvenv.cfg`` (no child process needed)."""
+    try:
+        text = (venv / "pyvenv.cfg").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    values: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            values[key.strip()] = value.strip()
+    # uv writes version_info; the stdlib venv module writes version.
+    return values.get("version_info") or values.get("version")
+
+
+def is_venv(path: Path) -> bool:
+    return (path / "pyvenv.cfg").is_file()
+
+
+def sibling(live: Path, kind: str) -> Path:
+    """A hidden sibling of the live venv, named for its owner pid so leftovers can be traced."""
+    return live.with_name(f".{live.name}.{kind}-{os.getpid()}-{secrets.token_hex(4)}")
+
+
+def staging_path(live: Path) -> Path:
+    return sibling(live, _STAGE)
+
+
+def _journal(live: Path) -> Path:
+    return live.with_name(f".{live.name}.swap")
+
+
+def leftovers(live: Path) -> list[Path]:
+    """Staging and retired trees of this venv (any owner)."""
+    prefixes = (f".{live.name}.{_STAGE}-", f".{live.name}.{_RETIRED}-")
+    try:
+        names = os.listdir(live.parent)
+    except FileNotFoundError:
+        return []
+    return sorted(live.parent / n for n in names if n.startswith(prefixes))
+
+
+def swap_into_place(staged: Path, live: Path) -> str:
+    """Move the validated ``staged`` venv to ``live``; return the method used.
+
+    With ``RENAME_EXCHANGE`` there is no instant without a venv at ``live``. The fallback
+    renames the old one aside first and keeps a journal so that a kill between the two renames
+    is finished or rolled back by :func:`recover` on the next start.
+    """
+    if not os.path.lexists(live):
+        os.rename(staged, live)
+        fsync_dir(live.parent)
+        return "rename"
+    if exchange(staged, live):
+        fsync_dir(live.parent)
+        _retire(staged, live)
+        return "exchange"
+    aside = sibling(live, _RETIRED)
+    journal = _journal(live)
+    write_atomic(journal, json.dumps({"aside": str(aside), "staged": str(staged)}).encode())
+    os.rename(live, aside)
+    os.rename(staged, live)
+    fsync_dir(live.parent)
+    journal.unlink()
+    _remove_tree(aside)
+    return "rename-aside"
+
+
+def _retire(old: Path, live: Path) -> None:
+    # After the exchange the old venv sits at the staging name; rename it to a "retired" name
+    # first so a kill during the slow rmtree leaves something gc knows to remove.
+    retired = sibling(live, _RETIRED)
+    os.rename(old, retired)
+    _remove_tree(retired)
+
+
+def _remove_tree(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def recover(live: Path, has_marker: bool) -> list[str]:
+    """Finish or roll back an interrupted rename-aside, then reap staging and retired trees.
+
+    Must run under the bootstrap lock: only the lock holder builds, so every leftover found
+    here belongs to a process that is gone. ``has_marker`` tells whether ``live`` is complete.
+    Returns what was done, for ``gc`` and ``repair`` to report.
+    """
+    done: list[str] = []
+    journal = _journal(live)
+    if journal.exists():
+        done += _replay_journal(journal, live)
+    for path in leftovers(live):
+        _remove_tree(path)
+        done.append(f"removed leftover {path}")
+    if done:
+        log.info("recovered leftovers", venv=str(live), actions=done)
+    return done
+
+
+def _replay_journal(journal: Path, live: Path) -> list[str]:
+    try:
+        entry = json.loads(journal.read_bytes())
+        aside, staged = Path(entry["aside"]), Path(entry["staged"])
+    except (OSError, ValueError, KeyError, TypeError):
+        journal.unlink(missing_ok=True)
+        return [f"removed unreadable swap journal {journal}"]
+    done: list[str] = []
+    if not os.path.lexists(live):
+        if (staged / ".bootstrap-version").is_file():
+            os.rename(staged, live)
+            done.append(f"finished an interrupted swap: {staged} -> {live}")
+        elif aside.exists():
+            os.rename(aside, live)
+            done.append(f"rolled back an interrupted swap: {aside} -> {live}")
+        fsync_dir(live.parent)
+    journal.unlink(missing_ok=True)
+    return done

@@ -1,0 +1,173 @@
+"""The warm path: answer "ready" from a stat fingerprint, importing nothing but ``os``.
+
+Agent kernels call ``ensure`` at every start, and a bare interpreter start costs ~11-14 ms here;
+importing json, tomllib, hashlib, dataclasses or argparse would each add a few ms more. So
+after a full check found everything ready, we record a fingerprint of every file and directory
+that check depended on (config file, skill directories and glob parents, SKILL.md and
+pyproject.toml files, constraints, pyvenv.cfg, the marker, the interpreter) in a small text file
+under the user cache dir. The next start re-stats those paths; if all are identical (inode,
+size, mtime and ctime, which no user can set), nothing the full check read has changed and it
+would answer "ready" again. Any difference, or any doubt, falls through to the full check.
+
+Nothing here writes on the warm path: the fingerprint is written only after a full check.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+FORMAT = "kernel-bootstrap-warm 1"
+# Environment that changes what the full check would conclude.
+ENV_KEYS = ("KERNEL_BOOTSTRAP_VENV", "KERNEL_BOOTSTRAP_PYTHON", "KERNEL_BOOTSTRAP_SNAPSHOTS")
+_MAX_NAME = 200
+
+
+def cache_dir() -> str:
+    """Where fingerprints live; matches platformdirs' user cache dir for kernel-bootstrap."""
+    home = os.path.expanduser("~")
+    if sys.platform == "win32":
+        base = os.environ.get("LOCALAPPDATA") or os.path.join(home, "AppData", "Local")
+        return os.path.join(base, "kernel-bootstrap", "Cache")
+    if sys.platform == "darwin":
+        return os.path.join(home, "Library", "Caches", "kernel-bootstrap")
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(home, ".cache")
+    return os.path.join(base, "kernel-bootstrap")
+
+
+def fingerprint_path(config_file: str) -> str | None:
+    """One fingerprint per config file; None when its name would be unreasonably long."""
+    name = config_file.replace("%", "%25").replace(os.sep, "%2F")
+    if len(name) > _MAX_NAME:
+        return None
+    return os.path.join(cache_dir(), "warm", name)
+
+
+def stamp(path: str) -> str:
+    """What we compare: identity, size and both times; "-" for a path that does not exist."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return "-"
+    return f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+
+
+def stamps(paths: list[str]) -> list[tuple[str, str]]:
+    return [(p, stamp(p)) for p in paths]
+
+
+def render(config_file: str, venv: str, python: str, stamped: list[tuple[str, str]]) -> str:
+    """The fingerprint text; ``stamped`` were taken before the check that found us ready."""
+    lines = [FORMAT, f"config\t{config_file}", f"venv\t{venv}", f"python\t{python}"]
+    lines += [f"env\t{k}\t{os.environ.get(k, '')}" for k in ENV_KEYS]
+    lines += [f"stat\t{p}\t{s}" for p, s in stamped]
+    return "\n".join(lines) + "\n"
+
+
+def save(config_file: str, venv: str, python: str, stamped: list[tuple[str, str]]) -> None:
+    """Write the fingerprint (slow path only); a failure just means no warm path next time."""
+    path = fingerprint_path(config_file)
+    if path is None or any("\t" in p or "\n" in p for p, _ in stamped):
+        return
+    from pathlib import Path
+
+    from bootstrap.atomic import write_atomic
+
+    text = render(config_file, venv, python, stamped)
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(Path(path), text.encode("utf-8"))
+    except OSError:
+        pass
+
+
+def forget(config_file: str) -> None:
+    import contextlib
+
+    path = fingerprint_path(config_file)
+    if path is not None:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+def check(config_file: str) -> tuple[str, str] | None:
+    """(venv, interpreter) if the fingerprint for ``config_file`` still holds, else None."""
+    path = fingerprint_path(config_file)
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError):
+        return None
+    lines = text.split("\n")
+    if len(lines) < 4 or lines[0] != FORMAT or lines[-1] != "":
+        return None
+    python = venv = None
+    for line in lines[1:-1]:
+        fields = line.split("\t")
+        kind = fields[0]
+        if kind == "config" and fields[1:] != [config_file]:
+            return None
+        elif kind == "python" and len(fields) == 2:
+            python = fields[1]
+        elif kind == "venv" and len(fields) == 2:
+            venv = fields[1]
+        elif kind == "env" and len(fields) == 3:
+            if os.environ.get(fields[1], "") != fields[2]:
+                return None
+        elif kind == "stat" and len(fields) == 3:
+            if stamp(fields[1]) != fields[2]:
+                return None
+        elif kind != "config":
+            return None
+    if python is None or venv is None:
+        return None
+    return venv, python
+
+
+def config_file_for(explicit: str | None) -> str:
+    """The config file the CLI would use, made absolute (same rule as bootstrap.config)."""
+    chosen = explicit or os.environ.get("KERNEL_BOOTSTRAP_CONFIG") or "kernel-bootstrap.toml"
+    return os.path.abspath(chosen)
+
+
+def try_cli(argv: list[str]) -> int | None:
+    """The whole warm ``kernel-bootstrap ensure``; None to fall through to the full CLI.
+
+    Only the plain forms are handled here (``--config``, ``--json``, ``--strict``,
+    ``--lock-timeout``); anything else, including ``-v``, goes the long way.
+    """
+    if not argv or argv[0] != "ensure" or os.environ.get("KERNEL_BOOTSTRAP_PYTHON"):
+        return None
+    config: str | None = None
+    as_json = False
+    rest = argv[1:]
+    i = 0
+    while i < len(rest):
+        arg = rest[i]
+        if arg in ("--config", "--lock-timeout") and i + 1 < len(rest):
+            if arg == "--config":
+                config = rest[i + 1]
+            i += 2
+            continue
+        if arg.startswith("--config="):
+            config = arg.partition("=")[2]
+        elif arg == "--json":
+            as_json = True
+        elif arg != "--strict":
+            return None
+        i += 1
+    config_file = config_file_for(config)
+    found = check(config_file)
+    if found is None:
+        return None
+    venv, python = found
+    if as_json:
+        import json
+
+        print(json.dumps({"python": python, "venv": venv, "action": "ready", "installed": [],
+                          "failed": [], "removed": []}))
+    else:
+        print(python)
+    return 0
