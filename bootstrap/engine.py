@@ -168,9 +168,11 @@ def _validate(staged: Path, config: Config) -> str:
     if config.ready_check:
         process.run(python, "-c", config.ready_check,
                     what="the ready-check failed in the new venv")
+    # A console script names its interpreter in its first lines (a shebang, or uv's relocatable
+    # sh launcher); one naming the staging path would break once the venv is swapped in.
     needle = str(staged).encode()
     for script in sorted(scripts_dir(staged).iterdir()):
-        if script.is_file() and needle in script.read_bytes()[:4096]:
+        if script.is_file() and needle in b"\n".join(_head(script, 2)):
             raise BootstrapError(
                 f"{script.name} in the new venv refers to its staging path {staged}; it would "
                 "not run after the venv is moved into place (is uv older than 0.5?)"
@@ -179,6 +181,11 @@ def _validate(staged: Path, config: Config) -> str:
     if version is None:
         raise BootstrapError(f"the new venv at {staged} has no readable pyvenv.cfg")
     return version
+
+
+def _head(path: Path, lines: int) -> list[bytes]:
+    with path.open("rb") as f:
+        return [f.readline(1024) for _ in range(lines)]
 
 
 def current_marker_runtime(config: Config) -> RuntimeRecord | None:

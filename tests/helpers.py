@@ -1,0 +1,72 @@
+"""Helpers shared by the test modules. Append new helpers; do not rewrite others' code."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@functools.cache
+def _fake_uv_needs_pythonpath() -> bool:
+    """Whether a child `python -m fake_uv`, run from outside the repo, cannot import it.
+
+    It can when kernel-bootstrap is installed (editable) in the venv running the tests; a plain
+    checkout needs the repo root on PYTHONPATH. Asked once per session, from `/`, because `-m`
+    puts the working directory on sys.path and would hide the difference.
+    """
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    probe = subprocess.run([sys.executable, "-c", "import fake_uv.__main__"], cwd="/", env=env,
+                           capture_output=True, check=False)
+    return probe.returncode != 0
+
+
+def fake_uv_shim(directory: Path) -> Path:
+    """Write an executable `directory/uv` that runs fake_uv with this interpreter; return it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    lines = ["#!/bin/sh"]
+    if _fake_uv_needs_pythonpath():
+        root = shlex.quote(str(REPO_ROOT))
+        lines.append(f'PYTHONPATH={root}${{PYTHONPATH:+:$PYTHONPATH}}; export PYTHONPATH')
+    lines.append(f'exec {shlex.quote(sys.executable)} -m fake_uv "$@"')
+    shim = directory / "uv"
+    shim.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    shim.chmod(0o755)
+    return shim
+
+
+def read_uv_log(log: Path) -> list[list[str]]:
+    """The argv of every fake_uv call logged to `log` ($FAKE_UV_LOG), oldest first."""
+    return [entry["argv"] for entry in read_uv_entries(log)]
+
+
+def read_uv_entries(log: Path) -> list[dict[str, Any]]:
+    """Every fake_uv call, oldest first: ``argv`` and ``pid``, and for ``pip install`` calls
+    that got as far as reading their requirements, ``editables`` (directory names) and
+    ``requirements`` (names) — the contents of -r files included."""
+    try:
+        text = log.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return []
+    calls: list[dict[str, Any]] = []
+    by_pid: dict[int, dict[str, Any]] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        entry = json.loads(line)
+        if entry.get("detail"):
+            call = by_pid.get(entry["pid"])
+            if call is not None:
+                call["editables"] = entry["editables"]
+                call["requirements"] = entry["requirements"]
+            continue
+        calls.append(entry)
+        by_pid[entry["pid"]] = entry
+    return calls

@@ -1,0 +1,137 @@
+"""A throwaway world for engine tests: a config, skills on disk, fake uv, and the CLI as a child.
+
+Everything a test asserts is what another process would see: the CLI's stdout/stderr/exit code,
+files on disk, the fake uv's invocation log, and what the venv's interpreter can import.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+from tests.helpers import fake_uv_shim, read_uv_entries
+
+
+class Call(list[str]):
+    """One logged uv call: its argv, plus what a ``pip install`` asked for."""
+
+    def __init__(self, entry: dict[str, Any]) -> None:
+        super().__init__(entry["argv"])
+        self.editables: list[str] = entry.get("editables", [])
+        self.requirements: list[str] = entry.get("requirements", [])
+
+
+def toml_value(value: Any) -> str:
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    raise TypeError(value)
+
+
+class World:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.skills_dir = root / "skills"
+        self.skills_dir.mkdir(parents=True, exist_ok=True)
+        self.config = root / "kernel-bootstrap.toml"
+        self.venv = root / "venv"
+        self.uv_log = root / "uv.log"
+        self.uv = fake_uv_shim(root / "bin")
+        self.env: dict[str, str] = {
+            **os.environ,
+            "KERNEL_BOOTSTRAP_UV": str(self.uv),
+            "FAKE_UV_LOG": str(self.uv_log),
+        }
+        self.write_config()
+
+    # -- building the world ----------------------------------------------------------------
+    def write_config(self, **keys: Any) -> None:
+        settings: dict[str, Any] = {"venv": "venv", "skills": ["skills/*"]}
+        settings.update({k.replace("_", "-"): v for k, v in keys.items()})
+        lines = [f"{k} = {toml_value(v)}" for k, v in settings.items() if v is not None]
+        self.config.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+    def skill(self, name: str, *, python: bool = True, deps: tuple[str, ...] = (),
+              version: str = "0.1.0", project: str | None = None) -> Path:
+        path = self.skills_dir / name
+        module = name.replace("-", "_")
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "SKILL.md").write_text(
+            f"---\nname: {name}\ndescription: test skill {name}\n---\n# {name}\n", "utf-8")
+        if python:
+            (path / "src" / module).mkdir(parents=True, exist_ok=True)
+            (path / "src" / module / "__init__.py").write_text(f"VALUE = {name!r}\n", "utf-8")
+            deps_toml = ", ".join(json.dumps(d) for d in deps)
+            (path / "pyproject.toml").write_text(textwrap.dedent(f"""\
+                [build-system]
+                requires = ["hatchling"]
+                build-backend = "hatchling.build"
+
+                [project]
+                name = "{project or name}"
+                version = "{version}"
+                dependencies = [{deps_toml}]
+
+                [tool.hatch.build.targets.wheel]
+                packages = ["src/{module}"]
+                """), "utf-8")
+        return path
+
+    # -- running ---------------------------------------------------------------------------
+    def command(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "bootstrap", *args, "--config", str(self.config)]
+
+    def run(self, *args: str, env: dict[str, str] | None = None,
+            timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(self.command(*args), capture_output=True, text=True,
+                              env={**self.env, **(env or {})}, timeout=timeout, check=False)
+
+    def ensure(self, *args: str, env: dict[str, str] | None = None,
+               ok: bool = True) -> subprocess.CompletedProcess[str]:
+        result = self.run("ensure", *args, env=env)
+        if ok:
+            assert result.returncode == 0, result.stderr
+        return result
+
+    def status(self) -> dict[str, Any]:
+        result = self.run("status", "--json")
+        assert result.returncode in (0, 1), result.stderr
+        data: dict[str, Any] = json.loads(result.stdout)
+        return data
+
+    # -- observing -------------------------------------------------------------------------
+    def uv_calls(self) -> list[Call]:
+        return [Call(e) for e in read_uv_entries(self.uv_log)]
+
+    def clear_log(self) -> None:
+        self.uv_log.unlink(missing_ok=True)
+
+    def installs(self) -> list[Call]:
+        return [c for c in self.uv_calls() if c[:2] == ["pip", "install"]]
+
+    @staticmethod
+    def editables(call: Call) -> list[str]:
+        return call.editables
+
+    def venv_calls(self) -> list[Call]:
+        return [c for c in self.uv_calls() if c[:1] == ["venv"]]
+
+    def marker(self) -> dict[str, Any]:
+        data: dict[str, Any] = json.loads((self.venv / ".bootstrap-version").read_bytes())
+        return data
+
+    @property
+    def python(self) -> Path:
+        return self.venv / "bin" / "python"
+
+    def imports(self, module: str) -> bool:
+        result = subprocess.run([str(self.python), "-c", f"import {module}"],
+                                capture_output=True, env={"PATH": os.environ["PATH"]},
+                                check=False)
+        return result.returncode == 0
