@@ -70,3 +70,19 @@ def read_uv_entries(log: Path) -> list[dict[str, Any]]:
         calls.append(entry)
         by_pid[entry["pid"]] = entry
     return calls
+
+
+def make_skill(parent: Path, name: str, files: dict[str, str] | None = None,
+               executables: tuple[str, ...] | list[str] = ()) -> Path:
+    """A skill directory ``parent/name`` with SKILL.md plus ``files`` (rel -> text); the paths in
+    ``executables`` get mode 0o755. (Added by the push tests.)"""
+    root = parent / name
+    root.mkdir(parents=True)
+    (root / "SKILL.md").write_text(f"---\nname: {name}\ndescription: test skill\n---\n")
+    for rel, text in (files or {}).items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    for rel in executables:
+        (root / rel).chmod(0o755)
+    return root

@@ -1,0 +1,96 @@
+"""Integration tests: the real uv (the `uv` package's binary) on real local skill packages."""
+
+from __future__ import annotations
+
+import os
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.world import World
+
+# An in-tree build backend: hatchling, except that building the editable hangs while a HANG
+# file sits in the project. It lets a test SIGKILL a real uv in the middle of a real build.
+HANG_BACKEND = '''
+import os, time
+from hatchling.build import *  # noqa: F403
+from hatchling.build import build_editable as _build_editable
+
+def build_editable(wheel_directory, config_settings=None, metadata_directory=None):
+    while os.path.exists(os.path.join(os.path.dirname(__file__), "HANG")):
+        time.sleep(0.1)
+    return _build_editable(wheel_directory, config_settings, metadata_directory)
+'''
+
+
+class RealWorld(World):
+    """A World whose uv is the real one, behind a shim that logs each call (and -r contents)."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        import uv
+
+        real = uv.find_uv_bin()
+        self.uv = root / "bin" / "uv-logged"
+        self.uv.write_text(textwrap.dedent(f"""\
+            #!{sys.executable}
+            import json, os, sys
+            argv = sys.argv[1:]
+            entry = {{"argv": argv, "pid": os.getpid()}}
+            if "-r" in argv:
+                path = argv[argv.index("-r") + 1]
+                with open(path) as f:
+                    entry["editables"] = sorted(os.path.basename(line.split(None, 1)[1].strip())
+                                                for line in f if line.startswith("-e "))
+            with open(os.environ["FAKE_UV_LOG"], "a") as log:
+                log.write(json.dumps(entry) + "\\n")
+            os.execv({real!r}, [{real!r}, *argv])
+            """))
+        self.uv.chmod(0o755)
+        self.env["KERNEL_BOOTSTRAP_UV"] = str(self.uv)
+        self.env.pop("UV_OFFLINE", None)
+
+    def hanging_skill(self, name: str) -> Path:
+        path = self.skill(name)
+        text = (path / "pyproject.toml").read_text()
+        text = text.replace('build-backend = "hatchling.build"',
+                            'build-backend = "hang_backend"\nbackend-path = ["."]')
+        (path / "pyproject.toml").write_text(text)
+        (path / "hang_backend.py").write_text(HANG_BACKEND)
+        return path
+
+    def runtime_package(self, name: str = "kb-runtime-demo") -> str:
+        """A local package used as a runtime requirement (no index needed but hatchling)."""
+        path = self.root / "runtime" / name
+        module = name.replace("-", "_")
+        (path / module).mkdir(parents=True, exist_ok=True)
+        (path / module / "__init__.py").write_text("READY = True\n")
+        (path / "pyproject.toml").write_text(textwrap.dedent(f"""\
+            [build-system]
+            requires = ["hatchling"]
+            build-backend = "hatchling.build"
+            [project]
+            name = "{name}"
+            version = "1.0.0"
+            [project.scripts]
+            {name} = "{module}:main"
+            """))
+        (path / module / "__init__.py").write_text(
+            "READY = True\n\ndef main():\n    print('runtime ok')\n")
+        return f"{name} @ {path.as_uri()}"
+
+
+@pytest.fixture
+def real(tmp_path: Path) -> RealWorld:
+    world = RealWorld(tmp_path)
+    world.env.update({"UV_CACHE_DIR": os.environ["UV_CACHE_DIR"]})
+    return world
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "integration" in str(item.fspath):
+            item.add_marker(pytest.mark.integration)
+

@@ -1,0 +1,136 @@
+"""The whole engine driven as a user would, with the real uv on real local skill packages."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+
+from tests.integration.conftest import RealWorld
+
+
+def start(world: RealWorld, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(world.command("ensure", *args), env=world.env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def test_cold_then_warm(real: RealWorld) -> None:
+    real.write_config(requirements=[real.runtime_package()])
+    real.skill("alpha")
+    real.skill("beta")
+    real.skill("notes", python=False)
+    out = json.loads(real.ensure("--json").stdout)
+    assert out["action"] == "rebuild" and sorted(out["installed"]) == ["alpha", "beta"]
+    assert real.imports("alpha") and real.imports("beta") and real.imports("kb_runtime_demo")
+    # Console scripts of the runtime run from the final path (the venv was built beside it).
+    script = subprocess.run([str(real.venv / "bin" / "kb-runtime-demo")], capture_output=True,
+                            text=True, check=False)
+    assert script.stdout.strip() == "runtime ok", script.stderr
+    # One uv call for the venv, one for the runtime, one for both skills.
+    assert [c[:2] for c in real.uv_calls()] == [
+        ["venv", "--quiet"], ["pip", "install"], ["pip", "install"]]
+
+    marker = real.venv / ".bootstrap-version"
+    mtime = marker.stat().st_mtime_ns
+    real.clear_log()
+    result = real.ensure()
+    assert result.stdout == f"{real.python}\n" and result.stderr == ""
+    assert real.uv_calls() == []
+    assert marker.stat().st_mtime_ns == mtime
+
+
+def test_killed_mid_build_then_resumed(real: RealWorld) -> None:
+    real.write_config(requirements=[real.runtime_package()])
+    real.skill("alpha")
+    real.ensure()
+    real.skill("beta")
+    slow = real.hanging_skill("gamma")
+    (slow / "HANG").write_text("")
+    real.clear_log()
+    proc = start(real)
+    deadline = time.monotonic() + 60
+    while not any("gamma" in real.editables(c) for c in real.installs()):
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    time.sleep(1.0)  # let uv get into the build
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+    assert real.status()["runtime"] == "current"
+
+    (slow / "HANG").unlink()
+    real.clear_log()
+    out = json.loads(real.ensure("--json").stdout)
+    assert out["action"] == "skills"
+    assert sorted(out["installed"]) == ["beta", "gamma"]
+    assert real.venv_calls() == []
+    assert [real.editables(c) for c in real.installs()] == [["beta", "gamma"]]
+    assert not any("kb-runtime-demo" in " ".join(c) for c in real.installs())
+    assert real.imports("alpha") and real.imports("beta") and real.imports("gamma")
+    assert real.status()["ready"] is True
+
+
+def test_a_failed_build_is_isolated_and_reported(real: RealWorld) -> None:
+    real.skill("alpha")
+    real.skill("broken", version="not a version")
+    result = real.ensure("--json", "--strict", ok=False)
+    assert result.returncode == 3
+    out = json.loads(result.stdout)
+    assert out["installed"] == ["alpha"]
+    assert [f["name"] for f in out["failed"]] == ["broken"]
+    assert "broken" in result.stderr
+    assert real.imports("alpha")
+    states = {s["name"]: s for s in real.status()["skills"]}
+    assert states["broken"]["state"] == "failed" and states["broken"]["error"]
+
+
+def test_skills_depending_on_each_other_install_with_the_real_resolver(
+        real: RealWorld) -> None:
+    real.skill("base-skill")
+    real.skill("top-skill", deps=("base-skill",))
+    real.ensure()
+    assert real.imports("top_skill") and real.imports("base_skill")
+    real.clear_log()
+    real.skill("top-skill", deps=("base-skill",), version="0.2.0")
+    out = json.loads(real.ensure("--json").stdout)
+    assert out["installed"] == ["top-skill"]
+
+
+def test_a_failed_rebuild_keeps_the_old_venv_working_and_recognised(real: RealWorld) -> None:
+    real.write_config(requirements=[real.runtime_package()])
+    real.skill("alpha")
+    real.ensure()
+    marker = (real.venv / ".bootstrap-version").read_bytes()
+    real.write_config(requirements=[real.runtime_package(), "kb-no-such-package-xyz==1.0"])
+    result = real.run("ensure")
+    assert result.returncode == 1
+    assert "kb-no-such-package-xyz" in result.stderr and "Traceback" not in result.stderr
+    assert real.imports("alpha") and real.imports("kb_runtime_demo")
+    assert (real.venv / ".bootstrap-version").read_bytes() == marker
+    assert not [p for p in real.root.iterdir() if ".stage-" in p.name]
+
+    real.write_config(requirements=[real.runtime_package()])
+    real.clear_log()
+    real.ensure()
+    assert real.uv_calls() == []
+
+
+def test_repair_reinstalls_a_skill_deleted_by_hand_then_ensure_is_warm(
+        real: RealWorld) -> None:
+    real.skill("alpha")
+    real.ensure()
+    site = next((real.venv / "lib").glob("python*/site-packages"))
+    for path in site.iterdir():
+        if path.name.startswith(("alpha-", "_alpha")) or "alpha" in path.name:
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    assert not real.imports("alpha")
+    result = real.run("repair")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "alpha" in result.stdout
+    assert real.imports("alpha")
+    real.clear_log()
+    real.ensure()
+    assert real.uv_calls() == []
