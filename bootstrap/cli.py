@@ -108,6 +108,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=_jobs, default=8, metavar="N")
     p.add_argument("--json", action="store_true")
 
+    p = sub.add_parser("kernelspec", help="Jupyter kernelspec for the managed interpreter")
+    ks = p.add_subparsers(dest="kernelspec_command", required=True, parser_class=parser_class)
+    k = ks.add_parser("install", help="ensure, then write a kernelspec that runs the venv")
+    _common(k)
+    k.add_argument("--name", default="kernel-bootstrap", help="kernel name (directory name)")
+    k.add_argument("--display-name", default=None)
+    where = k.add_mutually_exclusive_group()
+    where.add_argument("--user", action="store_true", help="the user's Jupyter data dir")
+    where.add_argument("--prefix", type=Path, default=None, help="PREFIX/share/jupyter/kernels")
+    k.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("snapshot", help="the snapshot store of prebuilt environments")
+    snap = p.add_subparsers(dest="snapshot_command", required=True, parser_class=parser_class)
+    s = snap.add_parser("list", help="list the snapshots in the store")
+    _common(s)
+    s.add_argument("--json", action="store_true")
+    s = snap.add_parser("prune", help="remove old snapshots")
+    _common(s)
+    s.add_argument("--keep", type=_jobs, default=None, metavar="N", help="keep the newest N")
+    s.add_argument("--older-than", type=_positive, default=None, metavar="DAYS")
+    s.add_argument("--json", action="store_true")
+
     return parser
 
 
@@ -176,4 +198,16 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         return push(args.sources, dest=args.dest, execs=args.execs, jobs=args.jobs,
                     as_json=args.json)
+    if cmd == "kernelspec":
+        from bootstrap.commands.kernelspec import install
+
+        return install(args.config, name=args.name, display_name=args.display_name,
+                       user=args.user, prefix=args.prefix, as_json=args.json)
+    if cmd == "snapshot":
+        from bootstrap.commands import snapshot
+
+        if args.snapshot_command == "list":
+            return snapshot.list_(args.config, as_json=args.json)
+        return snapshot.prune(args.config, keep=args.keep, older_than_days=args.older_than,
+                              as_json=args.json)
     raise AssertionError(f"BUG: no handler for command {cmd!r}")
