@@ -81,6 +81,13 @@ def _dispatch(args: list[str]) -> int:
         from fake_uv.venvs import create
 
         return create(rest)
+    if command == "python":
+        sub, rest2 = cli.split_command(rest)
+        if sub == "find":
+            from fake_uv.venvs import find
+
+            return find(rest2)
+        raise UvExit(2, f"error: unrecognized subcommand '{sub}'\n\n{_USAGE}")
     if command == "pip":
         from fake_uv.pip import main as pip_main
 

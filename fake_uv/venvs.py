@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Final, NamedTuple
 
 from fake_uv import cli
-from fake_uv.errors import failure
+from fake_uv.errors import UvExit, failure
 from fake_uv.output import Console
 
 _VERSION_REQUEST: Final = re.compile(r"(?:cpython-?|python)?(\d+(?:\.\d+){0,2})")
@@ -196,3 +196,21 @@ def _build(interpreter: Interpreter, path: Path, *, clear: bool, system_site: bo
 
 def _env_true(name: str) -> bool:
     return os.environ.get(name, "").lower() in ("1", "true", "yes", "on")
+
+
+FIND_SPEC = cli.spec("uv python find [OPTIONS] [REQUEST]", flags={"--system", "--no-project"})
+
+
+def find(args: Sequence[str]) -> int:
+    """`uv python find [--system] [REQUEST]`: print the interpreter a request resolves to."""
+    opts = cli.parse(args, FIND_SPEC)
+    if len(opts.positionals) > 1:
+        raise failure(2, f"unexpected argument '{opts.positionals[1]}' found")
+    request = opts.positionals[0] if opts.positionals else None
+    try:
+        interpreter = _interpreter(request)
+    except UvExit:
+        raise failure(2, f"No interpreter found for Python {request} in virtual environments, "
+                         "managed installations, or search path") from None
+    print(interpreter.path)
+    return 0

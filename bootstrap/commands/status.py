@@ -3,24 +3,46 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
-from bootstrap.config import load_config
+from bootstrap.config import Config, load_config
 from bootstrap.errors import EXIT_FAILED, EXIT_OK
 from bootstrap.lock import LockInfo, probe
 from bootstrap.state import Assessment, assess
+from bootstrap.venv import python_version
 
 
 def status(config_path: Path | None, *, as_json: bool) -> int:
     config = load_config(config_path)
     found = assess(config)
     held = probe(config.venv)
+    snapshot = snapshot_info(config)
     if as_json:
-        print(json.dumps(status_dict(found, held)))
+        print(json.dumps({**status_dict(found, held), "snapshot": snapshot}))
     else:
         print(render(found, held))
+        if snapshot["store"]:
+            exists = {True: "one exists", False: "none yet", None: "unknown"}[snapshot["exists"]]
+            print(f"snapshot: {exists} for this runtime in {snapshot['store']}")
     return EXIT_OK if found.ready else EXIT_FAILED
+
+
+def snapshot_info(config: Config) -> dict[str, Any]:
+    """Whether the store holds a snapshot for the current key; read-only, no child process."""
+    if config.snapshots is None:
+        return {"store": None, "key": None, "exists": None}
+    from bootstrap.config import default_python
+    from bootstrap.snapshot import Store, local_platform, snapshot_key
+
+    version = python_version(config.venv)
+    if version is None and config.python == default_python():
+        version = ".".join(map(str, sys.version_info[:3]))
+    if version is None:
+        return {"store": str(config.snapshots), "key": None, "exists": None}
+    key = snapshot_key(config, local_platform(version))
+    return {"store": str(config.snapshots), "key": key, "exists": Store(config.snapshots).has(key)}
 
 
 def status_dict(found: Assessment, held: LockInfo) -> dict[str, Any]:

@@ -1,0 +1,269 @@
+"""The snapshot store: prebuilt venvs keyed by runtime identity and platform.
+
+Benchmark fleets start hundreds of fresh sandboxes that all build byte-for-byte the same
+environment (the system we learn from paid 13-16 s of install each time). After a successful
+rebuild we archive the relocatable venv, marker included; a later rebuild of the same key on
+the same platform extracts it instead of running ``uv venv`` and the runtime install.
+
+An archive is written under a temp name and renamed, so readers never see a partial one, and
+concurrent writers of one key are harmless (same content, last rename wins). A store that is
+read-only or full only costs a warning. A bad archive (truncated, corrupt, wrong key, unsafe
+members, failing validation) is a warning naming it, then a normal build.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tarfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from bootstrap import log, process
+from bootstrap.atomic import fsync_dir, temp_name
+from bootstrap.config import Config
+from bootstrap.identity import runtime_inputs
+from bootstrap.uv import Uv
+
+SUFFIX: Final = ".tar"
+MANIFEST: Final = "kernel-bootstrap-snapshot.json"
+TOP: Final = "venv"
+_PLATFORM_SCRIPT: Final = (
+    "import json, platform, sys; print(json.dumps({'python_version': platform.python_version(),"
+    " 'implementation': sys.implementation.name, 'os': sys.platform,"
+    " 'machine': platform.machine(), 'libc': '-'.join(platform.libc_ver()) or 'none'}))"
+)
+
+
+class BadSnapshot(Exception):
+    """Why an archive cannot be used; always turned into a warning plus a normal build."""
+
+
+@dataclass(frozen=True)
+class Platform:
+    python_version: str
+    implementation: str
+    os: str
+    machine: str
+    libc: str
+
+    def as_dict(self) -> dict[str, str]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    key: str
+    path: Path
+    size: int
+    created: float
+    platform: dict[str, str]
+
+
+def platform_of(uv: Uv, request: str) -> tuple[Path, Platform]:
+    """The interpreter ``request`` resolves to (as ``uv venv`` would pick it) and its platform."""
+    found = uv.run("python", "find", "--system", request,
+                   what=f"uv found no interpreter for {request!r}")
+    python = Path(found.stdout.strip().splitlines()[-1])
+    raw = process.run(python, "-I", "-c", _PLATFORM_SCRIPT,
+                      what=f"the interpreter {python} does not run").stdout
+    return python, Platform(**json.loads(raw))
+
+
+def snapshot_key(config: Config, platform: Platform) -> str:
+    """Runtime identity inputs plus the platform: never restored where it was not built."""
+    inputs = dict(runtime_inputs(config, platform.python_version))
+    blob = json.dumps({"runtime": inputs, "platform": platform.as_dict()}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:40]
+
+
+class Store:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def path_for(self, key: str) -> Path:
+        return self.root / f"{key}{SUFFIX}"
+
+    def has(self, key: str) -> bool:
+        return self.path_for(key).is_file()
+
+    # -- writing -----------------------------------------------------------------------------
+    def write(self, venv: Path, key: str, platform: Platform) -> Path | None:
+        """Archive ``venv``; a store we cannot write is a warning, never a failure."""
+        target = self.path_for(key)
+        tmp = temp_name(target)
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            manifest = {"key": key, "platform": platform.as_dict(), "created": time.time(),
+                        "source": str(venv), "format": 1}
+            with tarfile.open(tmp, "w") as tar:
+                _add_bytes(tar, MANIFEST, json.dumps(manifest).encode())
+                tar.add(venv, arcname=TOP, filter=_skip_locks)
+            _fsync(tmp)
+            os.replace(tmp, target)
+            fsync_dir(self.root)
+        except OSError as e:
+            log.warning("could not write the snapshot; continuing without it",
+                        snapshot=str(target), error=e.strerror or str(e))
+            tmp.unlink(missing_ok=True)
+            return None
+        log.info("snapshot written", snapshot=str(target), bytes=target.stat().st_size)
+        return target
+
+    # -- reading -----------------------------------------------------------------------------
+    def restore(self, key: str, into: Path, platform: Platform) -> Path:
+        """Extract the snapshot for ``key`` under ``into``; return the venv tree's path.
+
+        Raises BadSnapshot (naming the archive) for anything that makes it unusable.
+        """
+        archive = self.path_for(key)
+        try:
+            with tarfile.open(archive, "r:") as tar:
+                manifest = _manifest(tar, archive)
+                if manifest.get("key") != key or manifest.get("platform") != platform.as_dict():
+                    raise BadSnapshot(f"{archive}: built for another key or platform")
+                into.mkdir(parents=True)
+                tar.extractall(into, filter=_member_filter(platform))
+        except (tarfile.TarError, OSError, EOFError, ValueError) as e:
+            raise BadSnapshot(f"{archive}: unreadable or unsafe archive: {e}") from None
+        venv = into / TOP
+        if not (venv / "pyvenv.cfg").is_file():
+            raise BadSnapshot(f"{archive}: holds no venv")
+        return venv
+
+    def entries(self) -> list[Snapshot]:
+        found: list[Snapshot] = []
+        try:
+            paths = sorted(self.root.glob(f"*{SUFFIX}"))
+        except OSError:
+            return []
+        for path in paths:
+            if path.name.startswith("."):
+                continue
+            found.append(_describe(path))
+        return found
+
+    def prune(self, keep: int | None, older_than_days: float | None) -> list[Path]:
+        """Remove snapshots beyond the newest ``keep`` and those older than the given age."""
+        snapshots = sorted(self.entries(), key=lambda s: s.created, reverse=True)
+        cutoff = time.time() - older_than_days * 86400 if older_than_days is not None else None
+        removed: list[Path] = []
+        for index, snap in enumerate(snapshots):
+            if (keep is not None and index >= keep) or (cutoff is not None
+                                                         and snap.created < cutoff):
+                snap.path.unlink(missing_ok=True)
+                removed.append(snap.path)
+        for leftover in self.root.glob(f".*{SUFFIX}.tmp-*"):
+            if _pid_dead(leftover.name):
+                leftover.unlink(missing_ok=True)
+                removed.append(leftover)
+        return removed
+
+
+def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    import io
+
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    info.mtime = int(time.time())
+    info.mode = 0o644
+    tar.addfile(info, io.BytesIO(data))
+
+
+def _skip_locks(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+    # uv's own venv lock is per machine state, not part of the environment.
+    return None if info.name == f"{TOP}/.lock" else info
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _manifest(tar: tarfile.TarFile, archive: Path) -> dict[str, Any]:
+    first = tar.next()
+    if first is None or first.name != MANIFEST or not first.isfile():
+        raise BadSnapshot(f"{archive}: no manifest; not a kernel-bootstrap snapshot")
+    handle = tar.extractfile(first)
+    if handle is None:
+        raise BadSnapshot(f"{archive}: unreadable manifest")
+    try:
+        data = json.loads(handle.read(1 << 20))
+    except ValueError:
+        raise BadSnapshot(f"{archive}: corrupt manifest") from None
+    if not isinstance(data, dict):
+        raise BadSnapshot(f"{archive}: corrupt manifest")
+    return data
+
+
+def _member_filter(platform: Platform) -> Any:
+    """tarfile's "data" filter, except for the venv's own interpreter links.
+
+    A venv's ``bin/python`` is an absolute symlink to the base interpreter, which the data
+    filter refuses; we allow exactly those (names ``python*`` directly in ``venv/bin``), and
+    nothing else that is absolute, leaves the tree, or is not a file, directory or link.
+    """
+
+    def keep(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
+        if member.name == MANIFEST:
+            return None
+        parts = member.name.split("/")
+        if parts[0] != TOP or ".." in parts or member.name.startswith("/"):
+            raise tarfile.FilterError(f"member outside the venv: {member.name!r}")
+        if member.issym() and os.path.isabs(member.linkname):
+            if len(parts) == 3 and parts[1] in ("bin", "Scripts") and \
+                    parts[2].startswith("python"):
+                return member.replace(uid=0, gid=0, uname="", gname="", deep=False)
+            raise tarfile.FilterError(f"absolute link {member.name!r} -> {member.linkname!r}")
+        return tarfile.data_filter(member, dest)
+
+    return keep
+
+
+def _describe(path: Path) -> Snapshot:
+    size = path.stat().st_size
+    platform: dict[str, str] = {}
+    created = path.stat().st_mtime
+    try:
+        with tarfile.open(path, "r:") as tar:
+            manifest = _manifest(tar, path)
+        platform = manifest.get("platform", {})
+        created = float(manifest.get("created", created))
+    except (BadSnapshot, tarfile.TarError, OSError, EOFError, ValueError, TypeError):
+        platform = {"error": "unreadable"}
+    return Snapshot(path.name.removesuffix(SUFFIX), path, size, created, platform)
+
+
+def _pid_dead(name: str) -> bool:
+    # temp names are ".<target>.tmp-<pid>-<token>"
+    try:
+        pid = int(name.rsplit(".tmp-", 1)[1].split("-")[0])
+    except (IndexError, ValueError):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def local_platform(python_version: str) -> Platform:
+    """The platform as seen from this process, for read-only questions (``status``): no child.
+
+    ``platform.libc_ver()`` reads our own executable; the interpreter a venv runs on this
+    machine links the same libc.
+    """
+    import platform
+    import sys
+
+    libc = "-".join(platform.libc_ver()) or "none"
+    return Platform(python_version, sys.implementation.name, sys.platform, platform.machine(),
+                    libc)
