@@ -14,7 +14,7 @@ import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Final, Literal
 
 from bootstrap import lock, log, process, warm
 from bootstrap.config import Config, validate_requirements
@@ -36,6 +36,7 @@ from bootstrap.venv import (
 )
 
 Action = Literal["ready", "skills", "rebuild", "override"]
+CHECK_TIMEOUT: Final = 300.0
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,8 @@ def ensure(config: Config, *, lock_timeout: float = 300.0, force: bool = False,
         return EnsureResult(found.python, config.venv, "ready")
     validate_requirements(config)
     with lock.hold(config.venv, lock_timeout):
-        recover(config.venv, has_marker=found.marker.data is not None)
+        # Only here, under the lock: a staging tree is a leftover only if its builder is gone.
+        recover(config.venv)
         # Another process may have finished this while we waited for the lock.
         venv_stamps = warm.stamps(_venv_paths(config))
         found = assess(config)
@@ -79,7 +81,7 @@ def ensure(config: Config, *, lock_timeout: float = 300.0, force: bool = False,
             action: Action = "skills"
             runtime = found.marker.data["runtime"]
         else:
-            _say_why_rebuild(found)
+            _say_why_rebuild(found, force)
             action, runtime = "rebuild", rebuild(config, uv)
         outcome = sync_skills(config, uv, runtime, reinstall)
         if not outcome.failed:
@@ -110,11 +112,12 @@ def _remember(config: Config, stamped: list[tuple[str, str]]) -> None:
         warm.save(str(config.path), str(config.venv), str(interpreter(config.venv)), stamped)
 
 
-def _say_why_rebuild(found: Assessment) -> None:
+def _say_why_rebuild(found: Assessment, force: bool) -> None:
     if found.marker.state in ("corrupt", "legacy"):
         log.warning(found.marker.problem + "; rebuilding the venv", venv=str(found.venv))
     else:
-        log.info("building the runtime", venv=str(found.venv), why=found.why)
+        why = found.why or (["rebuild from scratch requested"] if force else [])
+        log.info("building the runtime", venv=str(found.venv), why=why)
 
 
 def rebuild(config: Config, uv: Uv) -> RuntimeRecord:
@@ -164,10 +167,13 @@ def _removed_on_failure(path: Path) -> Iterator[None]:
 def _validate(staged: Path, config: Config) -> str:
     """The staged venv's interpreter runs, the ready-check passes, scripts are relocatable."""
     python = interpreter(staged)
-    process.run(python, "-c", "import sys, site", what="the new venv's interpreter does not run")
+    # Bounded: we hold the lock, and a ready-check that never returns must not wedge every
+    # later start behind us (the system we replace hung kernels for 17 minutes).
+    process.run(python, "-c", "import sys, site", timeout=CHECK_TIMEOUT,
+                what="the new venv's interpreter does not run")
     if config.ready_check:
-        process.run(python, "-c", config.ready_check,
-                    what="the ready-check failed in the new venv")
+        process.run(python, "-c", config.ready_check, timeout=CHECK_TIMEOUT,
+                    what="the ready-check failed in the new venv; the old venv is unchanged")
     # A console script names its interpreter in its first lines (a shebang, or uv's relocatable
     # sh launcher); one naming the staging path would break once the venv is swapped in.
     needle = str(staged).encode()

@@ -16,9 +16,21 @@ from bootstrap.errors import ProcessError
 
 # Runs inside the target interpreter: stdlib only, and tolerant of anything missing there.
 _SCRIPT = r"""
-import importlib, importlib.metadata as md, json, sys
+import importlib, importlib.metadata as md, json, os, platform, sys
 req = json.loads(sys.argv[1])
-out = {"version": sys.version.split()[0], "dists": {}, "imports": {}}
+def fmt(info):
+    v = "%d.%d.%d" % info[:3]
+    return v if info.releaselevel == "final" else v + info.releaselevel[0] + str(info.serial)
+markers = {
+    "implementation_name": sys.implementation.name,
+    "implementation_version": fmt(sys.implementation.version),
+    "os_name": os.name, "platform_machine": platform.machine(),
+    "platform_release": platform.release(), "platform_system": platform.system(),
+    "platform_version": platform.version(), "python_full_version": platform.python_version(),
+    "platform_python_implementation": platform.python_implementation(),
+    "python_version": ".".join(platform.python_version_tuple()[:2]), "sys_platform": sys.platform,
+}
+out = {"version": sys.version.split()[0], "markers": markers, "dists": {}, "imports": {}}
 for name in req["dists"]:
     try:
         d = md.distribution(name)
@@ -51,6 +63,9 @@ class ProbeResult:
     version: str
     dists: dict[str, Dist | None]
     import_errors: dict[str, str | None]
+    # PEP 508 marker values of the probed interpreter: "foo; python_version < '3.12'" is
+    # about that interpreter, not the one running kernel-bootstrap.
+    markers: dict[str, str]
 
 
 def probe(python: Path, dists: Sequence[str],
@@ -64,10 +79,10 @@ def probe(python: Path, dists: Sequence[str],
         raw = json.loads(result.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
         raise ProcessError((str(python), "-c", "<probe>"), 0, result.stderr,
-                                   f"the interpreter {python} gave no usable answer") from None
+                           f"the interpreter {python} gave no usable answer") from None
     return ProbeResult(raw["version"],
                        {n: _dist(v) for n, v in raw["dists"].items()},
-                       raw["imports"])
+                       raw["imports"], raw["markers"])
 
 
 def _dist(raw: dict[str, object] | None) -> Dist | None:
@@ -90,7 +105,7 @@ def unmet_requirements(requirements: Sequence[str], found: ProbeResult) -> list[
     problems: list[str] = []
     for text in requirements:
         req = Requirement(text)
-        if req.marker is not None and not req.marker.evaluate():
+        if req.marker is not None and not req.marker.evaluate(found.markers):
             continue
         dist = found.dists.get(req.name)
         if dist is None:

@@ -14,11 +14,11 @@ from pathlib import Path
 
 from bootstrap import process
 from bootstrap.config import Config, validate_requirements
-from bootstrap.engine import EnsureResult, ensure
+from bootstrap.engine import CHECK_TIMEOUT, EnsureResult, ensure
 from bootstrap.errors import ProcessError
-from bootstrap.probe import probe, requirement_names, unmet_requirements
+from bootstrap.probe import Dist, ProbeResult, probe, requirement_names, unmet_requirements
 from bootstrap.skills import PythonSkill, import_names, load_python_skill
-from bootstrap.state import assess
+from bootstrap.state import Assessment, assess
 from bootstrap.venv import interpreter
 
 
@@ -26,13 +26,17 @@ from bootstrap.venv import interpreter
 class Findings:
     runtime: list[str] = field(default_factory=list)  # problems that need a rebuild
     skills: dict[str, str] = field(default_factory=dict)  # damaged skill -> what is wrong
+    # The venv is fine but the marker disagrees with the config (a skill not recorded yet, one
+    # recorded but no longer configured): an ordinary sync fixes these.
+    records: list[str] = field(default_factory=list)
 
     @property
     def healthy(self) -> bool:
-        return not self.runtime and not self.skills
+        return not self.runtime and not self.skills and not self.records
 
     def lines(self) -> list[str]:
-        return self.runtime + [f"skill {n}: {why}" for n, why in self.skills.items()]
+        return [*self.runtime, *(f"skill {n}: {why}" for n, why in self.skills.items()),
+                *self.records]
 
 
 @dataclass(frozen=True)
@@ -59,56 +63,101 @@ def inspect(config: Config) -> Findings:
     except ProcessError as e:
         findings.runtime.append(f"the interpreter does not run: {e.tail or e}")
         return findings
-    findings.runtime += [f"requirement {u}" for u in unmet_requirements(config.requirements,
-                                                                        result)]
+    findings.runtime += [f"requirement {u}"
+                         for u in unmet_requirements(config.requirements, result)]
     if config.ready_check and not findings.runtime:
-        check = process.run(state.python, "-c", config.ready_check, check=False)
-        if check.returncode != 0:
-            findings.runtime.append(f"the ready-check fails: {check.stderr.strip()[-300:]}")
+        findings.runtime += _ready_check_problem(state.python, config.ready_check)
     for skill in skills:
-        problem = _skill_problem(skill, result.dists.get(skill.project),
-                                 result.import_errors.get(skill.name))
+        problem = _skill_problem(skill, result)
         if problem:
             findings.skills[skill.name] = problem
+    findings.records = _record_problems(state, findings.skills)
     return findings
 
 
-def _skill_problem(skill: PythonSkill, dist: object, import_error: str | None) -> str | None:
+def _ready_check_problem(python: Path, code: str) -> list[str]:
+    try:
+        check = process.run(python, "-c", code, check=False, timeout=CHECK_TIMEOUT)
+    except ProcessError as e:
+        return [f"the ready-check does not finish: {e.tail}"]
+    if check.returncode == 0:
+        return []
+    last = check.stderr.strip().splitlines()[-1:] or [f"exit code {check.returncode}"]
+    return [f"the ready-check fails: {last[0]}"]
+
+
+def _skill_problem(skill: PythonSkill, found: ProbeResult) -> str | None:
     if skill.problem:
         return skill.problem
+    dist: Dist | None = found.dists.get(skill.project)
     if dist is None:
         return f"distribution {skill.project} is not installed"
-    path = getattr(dist, "editable_path", None)
-    if path is None or Path(path).resolve() != skill.skill.path.resolve():
+    path = dist.editable_path
+    if path is None or path.resolve() != skill.skill.path.resolve():
         return f"{skill.project} is not installed as an editable of {skill.skill.path}"
-    if import_error:
-        return import_error
-    return None
+    return found.import_errors.get(skill.name)
+
+
+_RECORD_STATES = {"pending": "not recorded in the marker yet",
+                  "stale": "recorded in the marker with an older pyproject.toml",
+                  "failed": "recorded in the marker as failed"}
+
+
+def _record_problems(state: Assessment, damaged: dict[str, str]) -> list[str]:
+    problems = [f"skill {s.name}: {_RECORD_STATES[s.state]}" for s in state.skills
+                if s.python and s.state != "installed" and s.name not in damaged]
+    problems += [f"skill {n}: recorded in the marker but no longer configured"
+                 for n in state.stray]
+    return problems
 
 
 def repair(config: Config, *, force: bool = False, lock_timeout: float = 300.0) -> RepairReport:
+    """Inspect, fix what is broken (``force``: rebuild from scratch), inspect again."""
     validate_requirements(config)
     if config.override_python is not None:
-        result = ensure(config)
-        problems = [f"skill {n}: {e}" for n, e in result.failed.items()]
-        return RepairReport(result.python, problems, [], not problems, problems)
-    before = Findings(runtime=["--force: rebuild from scratch"]) if force else inspect(config)
+        return _repair_override(config)
+    before = inspect(config)
     done: list[str] = []
-    if not before.healthy:
-        rebuild = force or bool(before.runtime)
-        result = ensure(config, lock_timeout=lock_timeout, force=rebuild,
-                        reinstall=frozenset(before.skills))
-        done = _describe(result, rebuild)
+    if force or not before.healthy:
+        done = _fix(config, before, force=force or bool(before.runtime),
+                    lock_timeout=lock_timeout)
     after = inspect(config)
     return RepairReport(interpreter(config.venv), before.lines(), done, after.healthy,
                         after.lines())
 
 
-def _describe(result: EnsureResult, rebuilt: bool) -> list[str]:
-    done = [f"rebuilt the runtime at {result.venv} (staged, swapped into place)"] if rebuilt \
-        else []
-    done += [f"installed skill {n}" for n in result.installed]
-    done += [f"skill {n} still fails: {e.splitlines()[-1] if e else e}"
-             for n, e in result.failed.items()]
+def _repair_override(config: Config) -> RepairReport:
+    # An interpreter we do not manage is checked, never changed.
+    result = ensure(config)
+    problems = [f"skill {n}: {e}" for n, e in result.failed.items()]
+    return RepairReport(result.python, problems, [], not problems, problems)
+
+
+def _fix(config: Config, found: Findings, *, force: bool, lock_timeout: float) -> list[str]:
+    try:
+        result = ensure(config, lock_timeout=lock_timeout, force=force,
+                        reinstall=frozenset(found.skills))
+    except ProcessError as e:
+        # A failed rebuild kept the old venv (it is staged); say what failed and let the
+        # second inspection report what is still wrong.
+        what = "rebuild" if force else "fix"
+        return [f"the {what} failed, nothing was changed: {e}"]
+    return _describe(result, found)
+
+
+def _describe(result: EnsureResult, found: Findings) -> list[str]:
+    done = []
+    if result.action == "rebuild":
+        done.append(f"rebuilt the runtime at {result.venv} (staged, then swapped into place)")
+    done += [f"{'reinstalled' if n in found.skills else 'installed'} skill {n}"
+             for n in result.installed]
+    done += [f"skill {n} still fails: {_last_line(e)}" for n, e in result.failed.items()]
     done += [f"uninstalled skill {n} (no longer configured)" for n in result.removed]
+    if not done and found.records:
+        done.append("recorded the installed skills in the marker")
     return done
+
+
+def _last_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    return lines[-1] if lines else text

@@ -7,6 +7,7 @@ replace removed the venv first; a failed rebuild then left its user with no kern
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -17,6 +18,8 @@ from typing import Final
 
 from bootstrap import log
 from bootstrap.atomic import exchange, fsync_dir, write_atomic
+from bootstrap.errors import BootstrapError
+from bootstrap.marker import MARKER_NAME
 
 _STAGE: Final = "stage"
 _RETIRED: Final = "retired"
@@ -66,13 +69,20 @@ def _journal(live: Path) -> Path:
 
 
 def leftovers(live: Path) -> list[Path]:
-    """Staging and retired trees of this venv (any owner)."""
-    prefixes = (f".{live.name}.{_STAGE}-", f".{live.name}.{_RETIRED}-")
+    """What interrupted writers of this venv leave behind (any owner): staging and retired
+    trees beside it, and temp files of the swap journal and of the marker."""
+    prefixes = (f".{live.name}.{_STAGE}-", f".{live.name}.{_RETIRED}-",
+                f".{_journal(live).name}.tmp-")
+    found = [live.parent / n for n in _names(live.parent) if n.startswith(prefixes)]
+    found += [live / n for n in _names(live) if n.startswith(f".{MARKER_NAME}.tmp-")]
+    return sorted(found)
+
+
+def _names(directory: Path) -> list[str]:
     try:
-        names = os.listdir(live.parent)
-    except FileNotFoundError:
+        return os.listdir(directory)
+    except (FileNotFoundError, NotADirectoryError):
         return []
-    return sorted(live.parent / n for n in names if n.startswith(prefixes))
 
 
 def swap_into_place(staged: Path, live: Path) -> str:
@@ -90,35 +100,62 @@ def swap_into_place(staged: Path, live: Path) -> str:
         fsync_dir(live.parent)
         _retire(staged, live)
         return "exchange"
+    _rename_aside(staged, live)
+    return "rename-aside"
+
+
+def _rename_aside(staged: Path, live: Path) -> None:
     aside = sibling(live, _RETIRED)
     journal = _journal(live)
     write_atomic(journal, json.dumps({"aside": str(aside), "staged": str(staged)}).encode())
-    os.rename(live, aside)
-    os.rename(staged, live)
+    try:
+        os.rename(live, aside)
+    except OSError as e:
+        journal.unlink(missing_ok=True)
+        # Windows refuses to rename a directory while a process runs from it.
+        raise BootstrapError(
+            f"could not move the old venv {live} aside to swap the new one in: {e.strerror}. "
+            "Is a kernel running from it? Stop it and run `kernel-bootstrap ensure` again; "
+            "the old venv is unchanged."
+        ) from e
+    try:
+        os.rename(staged, live)
+    except BaseException:
+        # Put the old venv back now rather than leave nothing at `live` until the next start;
+        # if even that fails, the journal lets recover() do it.
+        os.rename(aside, live)
+        journal.unlink(missing_ok=True)
+        raise
     fsync_dir(live.parent)
     journal.unlink()
     _remove_tree(aside)
-    return "rename-aside"
 
 
 def _retire(old: Path, live: Path) -> None:
     # After the exchange the old venv sits at the staging name; rename it to a "retired" name
-    # first so a kill during the slow rmtree leaves something gc knows to remove.
+    # first so a kill during the slow rmtree leaves something recover() knows to remove. The
+    # new venv is already live: failing to tidy up must not fail the rebuild.
     retired = sibling(live, _RETIRED)
-    os.rename(old, retired)
+    try:
+        os.rename(old, retired)
+    except OSError:
+        retired = old
     _remove_tree(retired)
 
 
 def _remove_tree(path: Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
 
 
-def recover(live: Path, has_marker: bool) -> list[str]:
-    """Finish or roll back an interrupted rename-aside, then reap staging and retired trees.
+def recover(live: Path) -> list[str]:
+    """Finish or roll back an interrupted rename-aside, then reap what dead writers left.
 
     Must run under the bootstrap lock: only the lock holder builds, so every leftover found
-    here belongs to a process that is gone. ``has_marker`` tells whether ``live`` is complete.
-    Returns what was done, for ``gc`` and ``repair`` to report.
+    here belongs to a process that is gone. Returns what was done, for ``gc`` to report.
     """
     done: list[str] = []
     journal = _journal(live)
@@ -133,6 +170,7 @@ def recover(live: Path, has_marker: bool) -> list[str]:
 
 
 def _replay_journal(journal: Path, live: Path) -> list[str]:
+    """A kill between the two renames left no venv at ``live``: put one there."""
     try:
         entry = json.loads(journal.read_bytes())
         aside, staged = Path(entry["aside"]), Path(entry["staged"])
@@ -141,10 +179,12 @@ def _replay_journal(journal: Path, live: Path) -> list[str]:
         return [f"removed unreadable swap journal {journal}"]
     done: list[str] = []
     if not os.path.lexists(live):
-        if (staged / ".bootstrap-version").is_file():
+        # The staged venv got its marker before the journal was written; one without it is
+        # not the venv we meant to swap in, so the old one goes back.
+        if (staged / MARKER_NAME).is_file() and interpreter(staged).exists():
             os.rename(staged, live)
             done.append(f"finished an interrupted swap: {staged} -> {live}")
-        elif aside.exists():
+        elif aside.is_dir():
             os.rename(aside, live)
             done.append(f"rolled back an interrupted swap: {aside} -> {live}")
         fsync_dir(live.parent)
