@@ -62,6 +62,14 @@ def _jobs(text: str) -> int:
     return int(text)
 
 
+def _count(text: str) -> int:
+    import argparse
+
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"must be a whole number: {text!r}")
+    return int(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from pathlib import Path
 
@@ -126,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true")
     s = snap.add_parser("prune", help="remove old snapshots")
     _common(s)
-    s.add_argument("--keep", type=_jobs, default=None, metavar="N", help="keep the newest N")
+    s.add_argument("--keep", type=_count, default=None, metavar="N", help="keep the newest N")
     s.add_argument("--older-than", type=_positive, default=None, metavar="DAYS")
     s.add_argument("--json", action="store_true")
 

@@ -3,8 +3,9 @@
 Read the marker without the lock; if everything it records is current, return the interpreter:
 no uv, no writes, no child process. Otherwise take the lock and check again, since another
 process may have finished the work while we waited. If the runtime is current, sync skills only.
-Otherwise rebuild beside the live venv, write the base marker, swap the new venv in, then sync
-skills. The interpreter path never changes across rebuilds.
+Otherwise rebuild beside the live venv (or restore a snapshot of the same runtime), write the
+base marker, swap the new venv in, then sync skills. The interpreter path never changes across
+rebuilds.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Literal
 
-from bootstrap import lock, log, process, warm
+from bootstrap import lock, log, process, snapshot, warm
 from bootstrap.config import Config, validate_requirements
 from bootstrap.errors import BootstrapError, ConfigError
 from bootstrap.identity import identity_of, runtime_inputs
@@ -77,13 +78,17 @@ def ensure(config: Config, *, lock_timeout: float = 300.0, force: bool = False,
             _remember(config, config_stamps + venv_stamps)
             return EnsureResult(found.python, config.venv, "ready")
         uv = make_uv(config.constraints, config.uv_args)
+        snapshots: snapshot.Plan | None = None
         if found.base_current and not force and found.marker.data is not None:
             action: Action = "skills"
             runtime = found.marker.data["runtime"]
         else:
             _say_why_rebuild(found, force)
-            action, runtime = "rebuild", rebuild(config, uv)
+            snapshots = snapshot.plan(config, uv)
+            action, runtime = "rebuild", rebuild(config, uv, snapshots)
         outcome = sync_skills(config, uv, runtime, reinstall)
+        if action == "rebuild" and snapshots and not snapshots.restored and not outcome.failed:
+            snapshots.save(config.venv)
         if not outcome.failed:
             # Under the lock nobody else changes the venv: these stamps are of our final write.
             _remember(config, config_stamps + warm.stamps(_venv_paths(config)))
@@ -120,10 +125,14 @@ def _say_why_rebuild(found: Assessment, force: bool) -> None:
         log.info("building the runtime", venv=str(found.venv), why=why)
 
 
-def rebuild(config: Config, uv: Uv) -> RuntimeRecord:
+def rebuild(config: Config, uv: Uv, snapshots: snapshot.Plan | None = None) -> RuntimeRecord:
     """Build a new venv beside the live one, validate it, write its base marker, swap it in."""
     live = config.venv
     _refuse_foreign_directory(live)
+    if snapshots is not None and snapshots.available:
+        restored = _restore(config, snapshots)
+        if restored is not None:
+            return restored
     staged = staging_path(live)
     with _removed_on_failure(staged):
         uv.create_venv(staged, config.python)
@@ -131,15 +140,41 @@ def rebuild(config: Config, uv: Uv) -> RuntimeRecord:
             log.info("installing the runtime", requirements=list(config.requirements))
             uv.install(interpreter(staged), list(config.requirements),
                        what="uv could not install the requirements")
-        version = _validate(staged, config)
-        inputs = runtime_inputs(config, version)
-        runtime: RuntimeRecord = {"identity": identity_of(inputs), "inputs": dict(inputs),
-                                  "python": str(interpreter(live))}
+        runtime = _runtime_record(config, _validate(staged, config))
         # The base marker lands with the venv: a session killed during the skill sync leaves
         # a marker that says "runtime done", so the next one never rebuilds it.
         write_marker(staged, base_marker(runtime))
         method = swap_into_place(staged, live)
     log.info("runtime ready", venv=str(live), swap=method)
+    return runtime
+
+
+def _runtime_record(config: Config, version: str) -> RuntimeRecord:
+    inputs = runtime_inputs(config, version)
+    return {"identity": identity_of(inputs), "inputs": dict(inputs),
+            "python": str(interpreter(config.venv))}
+
+
+def _restore(config: Config, snapshots: snapshot.Plan) -> RuntimeRecord | None:
+    """Restore the snapshot into staging, validate it like a fresh build, swap it in.
+
+    Anything wrong with it is a warning naming the archive and None: the caller builds.
+    """
+    staging = staging_path(config.venv)
+    try:
+        with _removed_on_failure(staging):
+            venv = snapshots.extract(staging)
+            runtime = _runtime_record(config, _validate(venv, config))
+            snapshots.adopt_marker(venv, runtime)
+            method = swap_into_place(venv, config.venv)
+    except (snapshot.BadSnapshot, BootstrapError) as e:
+        log.warning("snapshot unusable; building the venv instead",
+                    snapshot=str(snapshots.archive), error=str(e))
+        return None
+    shutil.rmtree(staging, ignore_errors=True)
+    snapshots.restored = True
+    log.info("runtime restored from snapshot", venv=str(config.venv),
+             snapshot=str(snapshots.archive), swap=method)
     return runtime
 
 

@@ -13,6 +13,7 @@ members, failing validation) is a warning naming it, then a normal build.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -25,7 +26,9 @@ from typing import Any, Final
 from bootstrap import log, process
 from bootstrap.atomic import fsync_dir, temp_name
 from bootstrap.config import Config
+from bootstrap.errors import BootstrapError
 from bootstrap.identity import runtime_inputs
+from bootstrap.marker import RuntimeRecord, read_marker, write_marker
 from bootstrap.uv import Uv
 
 SUFFIX: Final = ".tar"
@@ -108,7 +111,8 @@ class Store:
         except OSError as e:
             log.warning("could not write the snapshot; continuing without it",
                         snapshot=str(target), error=e.strerror or str(e))
-            tmp.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
             return None
         log.info("snapshot written", snapshot=str(target), bytes=target.stat().st_size)
         return target
@@ -267,3 +271,50 @@ def local_platform(python_version: str) -> Platform:
     libc = "-".join(platform.libc_ver()) or "none"
     return Platform(python_version, sys.implementation.name, sys.platform, platform.machine(),
                     libc)
+
+
+class Plan:
+    """The snapshot side of one rebuild: which key, whether the store has it, and saving."""
+
+    def __init__(self, store: Store, key: str, platform: Platform) -> None:
+        self.store = store
+        self.key = key
+        self.platform = platform
+        self.restored = False
+
+    @property
+    def archive(self) -> Path:
+        return self.store.path_for(self.key)
+
+    @property
+    def available(self) -> bool:
+        return self.store.has(self.key)
+
+    def extract(self, staging: Path) -> Path:
+        return self.store.restore(self.key, staging, self.platform)
+
+    def adopt_marker(self, venv: Path, runtime: RuntimeRecord) -> None:
+        """Check the snapshot's marker is for this runtime; point it at the live interpreter.
+
+        Its skill records stay: the sync then installs only what they do not already cover.
+        """
+        data = read_marker(venv).data
+        if data is None or data["runtime"]["identity"] != runtime["identity"]:
+            raise BadSnapshot(f"{self.archive}: its marker is for another runtime")
+        data["runtime"] = runtime
+        write_marker(venv, data)
+
+    def save(self, venv: Path) -> None:
+        self.store.write(venv, self.key, self.platform)
+
+
+def plan(config: Config, uv: Uv) -> Plan | None:
+    """The snapshot plan for a rebuild of ``config``; None without a store (or a platform)."""
+    if config.snapshots is None:
+        return None
+    try:
+        _, found = platform_of(uv, config.python)
+    except BootstrapError as e:
+        log.warning("snapshots skipped: could not identify the interpreter", error=str(e))
+        return None
+    return Plan(Store(config.snapshots), snapshot_key(config, found), found)

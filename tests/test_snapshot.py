@@ -1,0 +1,130 @@
+"""Snapshots: build once, restore elsewhere; bad archives fall back to a build."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from tests.world import World
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> World:
+    w = World(tmp_path)
+    w.write_config(requirements=["requests>=2"], snapshots="store")
+    w.skill("alpha")
+    w.skill("beta")
+    return w
+
+
+def archives(world: World) -> list[Path]:
+    return sorted((world.root / "store").glob("*.tar"))
+
+
+def elsewhere(world: World, name: str = "other") -> dict[str, str]:
+    return {"KERNEL_BOOTSTRAP_VENV": str(world.root / name)}
+
+
+def test_a_rebuild_writes_a_snapshot_that_another_venv_path_restores(world: World) -> None:
+    world.ensure()
+    assert len(archives(world)) == 1
+    world.clear_log()
+    result = world.ensure("--json", env=elsewhere(world))
+    out = json.loads(result.stdout)
+    assert out["action"] == "rebuild" and out["python"] == str(world.root / "other/bin/python")
+    assert world.venv_calls() == []
+    assert world.installs() == []  # runtime and both skills came with the snapshot
+    python = world.root / "other" / "bin" / "python"
+    for module in ("alpha", "beta", "requests"):
+        assert subprocess.run([str(python), "-c", f"import {module}"],
+                              check=False).returncode == 0
+    status = json.loads(world.run("status", "--json", env=elsewhere(world)).stdout)
+    assert status["ready"] is True and status["snapshot"]["exists"] is True
+
+
+def test_a_skill_changed_after_the_snapshot_is_reinstalled_alone(world: World) -> None:
+    world.ensure()
+    world.skill("beta", version="0.2.0")
+    world.clear_log()
+    out = json.loads(world.ensure("--json", env=elsewhere(world)).stdout)
+    assert out["installed"] == ["beta"]
+    assert world.venv_calls() == []
+    assert [world.editables(c) for c in world.installs()] == [["beta"]]
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "other-platform", "unsafe"])
+def test_a_bad_snapshot_warns_by_name_and_builds(world: World, damage: str) -> None:
+    world.ensure()
+    [archive] = archives(world)
+    data = archive.read_bytes()
+    if damage == "garbage":
+        archive.write_bytes(b"\x00not a tar" * 100)
+    elif damage == "truncated":
+        archive.write_bytes(data[: len(data) // 3])
+    else:
+        rewrite(archive, damage)
+    world.clear_log()
+    result = world.ensure("--json", env=elsewhere(world))
+    assert archive.name in result.stderr and "snapshot" in result.stderr
+    assert len(world.venv_calls()) == 1
+    python = world.root / "other" / "bin" / "python"
+    assert subprocess.run([str(python), "-c", "import alpha, requests"],
+                          check=False).returncode == 0
+    # The build rewrote a good snapshot under the same key.
+    world.clear_log()
+    world.ensure(env=elsewhere(world, "third"))
+    assert world.venv_calls() == []
+
+
+def rewrite(archive: Path, damage: str) -> None:
+    with tarfile.open(archive) as tar:
+        members = [(m, tar.extractfile(m).read() if m.isfile() else None)  # type: ignore[union-attr]
+                   for m in tar.getmembers()]
+    with tarfile.open(archive, "w") as tar:
+        for member, content in members:
+            if member.name == "kernel-bootstrap-snapshot.json" and damage == "other-platform":
+                manifest = json.loads(content or b"{}")
+                manifest["platform"]["machine"] = "sparc64"
+                content = json.dumps(manifest).encode()
+                member.size = len(content)
+            tar.addfile(member, io.BytesIO(content) if content is not None else None)
+        if damage == "unsafe":
+            evil = tarfile.TarInfo("venv/../../escaped.txt")
+            evil.size = 4
+            tar.addfile(evil, io.BytesIO(b"evil"))
+
+
+def test_an_unwritable_store_never_fails_ensure(world: World) -> None:
+    (world.root / "store").write_text("a file where the store directory should be")
+    result = world.ensure()
+    assert "snapshot" in result.stderr
+    assert world.imports("alpha")
+
+
+def test_concurrent_restores_of_one_key_are_safe(world: World) -> None:
+    world.ensure()
+    world.clear_log()
+    procs = [subprocess.Popen(world.command("ensure"), env={**world.env, **elsewhere(world, n)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for n in ("one", "two", "three")]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], [o[1] for o in outs]
+    assert world.venv_calls() == [] and world.installs() == []
+    for name in ("one", "two", "three"):
+        assert subprocess.run([str(world.root / name / "bin" / "python"), "-c", "import beta"],
+                              check=False).returncode == 0
+
+
+def test_list_and_prune(world: World) -> None:
+    world.ensure()
+    listed = json.loads(world.run("snapshot", "list", "--json").stdout)
+    assert len(listed["snapshots"]) == 1 and listed["snapshots"][0]["bytes"] > 0
+    assert world.run("snapshot", "prune").returncode == 2
+    pruned = json.loads(world.run("snapshot", "prune", "--keep", "0", "--json").stdout)
+    assert len(pruned["removed"]) == 1 and archives(world) == []
+    assert "no snapshots" in world.run("snapshot", "list").stdout
