@@ -220,14 +220,26 @@ def _member_filter(platform: Platform) -> Any:
         parts = member.name.split("/")
         if parts[0] != TOP or ".." in parts or member.name.startswith("/"):
             raise tarfile.FilterError(f"member outside the venv: {member.name!r}")
-        if member.issym() and os.path.isabs(member.linkname):
-            if len(parts) == 3 and parts[1] in ("bin", "Scripts") and \
-                    parts[2].startswith("python"):
-                return member.replace(uid=0, gid=0, uname="", gname="", deep=False)
-            raise tarfile.FilterError(f"absolute link {member.name!r} -> {member.linkname!r}")
+        if member.issym():
+            return _check_symlink(member, parts)
         return tarfile.data_filter(member, dest)
 
     return keep
+
+
+def _check_symlink(member: tarfile.TarInfo, parts: list[str]) -> tarfile.TarInfo:
+    # Judged lexically: the data filter resolves a relative link through links already
+    # extracted, so `bin/python3 -> python` fails once `bin/python` points at the base.
+    target = member.linkname
+    if os.path.isabs(target):
+        if not (len(parts) == 3 and parts[1] in ("bin", "Scripts")
+                and parts[2].startswith("python")):
+            raise tarfile.FilterError(f"absolute link {member.name!r} -> {target!r}")
+    else:
+        resolved = os.path.normpath(os.path.join(os.path.dirname(member.name), target))
+        if resolved != TOP and not resolved.startswith(TOP + "/"):
+            raise tarfile.FilterError(f"link leaves the venv: {member.name!r} -> {target!r}")
+    return member.replace(uid=0, gid=0, uname="", gname="", mode=0o777, deep=False)
 
 
 def _describe(path: Path) -> Snapshot:

@@ -57,7 +57,8 @@ def test_a_skill_changed_after_the_snapshot_is_reinstalled_alone(world: World) -
     assert [world.editables(c) for c in world.installs()] == [["beta"]]
 
 
-@pytest.mark.parametrize("damage", ["garbage", "truncated", "other-platform", "unsafe"])
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "other-platform", "unsafe",
+                                    "link-out", "absolute-link", "device"])
 def test_a_bad_snapshot_warns_by_name_and_builds(world: World, damage: str) -> None:
     world.ensure()
     [archive] = archives(world)
@@ -71,6 +72,8 @@ def test_a_bad_snapshot_warns_by_name_and_builds(world: World, damage: str) -> N
     world.clear_log()
     result = world.ensure("--json", env=elsewhere(world))
     assert archive.name in result.stderr and "snapshot" in result.stderr
+    assert not list(world.root.rglob("escaped.txt"))
+    assert not (world.root / "other" / "null").exists()
     assert len(world.venv_calls()) == 1
     python = world.root / "other" / "bin" / "python"
     assert subprocess.run([str(python), "-c", "import alpha, requests"],
@@ -97,6 +100,16 @@ def rewrite(archive: Path, damage: str) -> None:
             evil = tarfile.TarInfo("venv/../../escaped.txt")
             evil.size = 4
             tar.addfile(evil, io.BytesIO(b"evil"))
+        elif damage in ("link-out", "absolute-link"):
+            link = tarfile.TarInfo("venv/lib/evil")
+            link.type = tarfile.SYMTYPE
+            link.linkname = "../../../etc" if damage == "link-out" else "/etc/passwd"
+            tar.addfile(link)
+        elif damage == "device":
+            dev = tarfile.TarInfo("venv/null")
+            dev.type = tarfile.CHRTYPE
+            dev.devmajor, dev.devminor = 1, 3
+            tar.addfile(dev)
 
 
 def test_an_unwritable_store_never_fails_ensure(world: World) -> None:

@@ -134,3 +134,25 @@ def test_repair_reinstalls_a_skill_deleted_by_hand_then_ensure_is_warm(
     real.clear_log()
     real.ensure()
     assert real.uv_calls() == []
+
+
+def test_a_snapshot_restores_with_an_empty_uv_cache(real: RealWorld, tmp_path_factory: object
+                                                    ) -> None:
+    real.write_config(requirements=[real.runtime_package()], snapshots="store")
+    real.skill("alpha")
+    real.ensure()
+    assert len(list((real.root / "store").glob("*.tar"))) == 1
+    real.clear_log()
+    empty_cache = real.root / "empty-uv-cache"
+    other = real.root / "other"
+    result = real.ensure("--json", env={"KERNEL_BOOTSTRAP_VENV": str(other),
+                                        "UV_CACHE_DIR": str(empty_cache)})
+    out = json.loads(result.stdout)
+    assert out["action"] == "rebuild" and out["installed"] == [], result.stderr
+    assert real.venv_calls() == [] and real.installs() == []
+    for module in ("alpha", "kb_runtime_demo"):
+        assert subprocess.run([str(other / "bin" / "python"), "-c", f"import {module}"],
+                              check=False).returncode == 0
+    script = subprocess.run([str(other / "bin" / "kb-runtime-demo")], capture_output=True,
+                            text=True, check=False)
+    assert script.stdout.strip() == "runtime ok"
