@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import glob
 import os
+import reprlib
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,24 +88,33 @@ def _read_toml(file: Path) -> dict[str, Any]:
         raise ConfigError(f"{file}: config file not found (pass --config PATH)") from None
     except OSError as e:
         raise ConfigError(f"{file}: cannot read config file: {e.strerror}") from None
+    except ValueError:  # NUL or an unencodable character in the path itself
+        raise ConfigError(f"{_short(str(file))}: not a usable file name") from None
     try:
         return tomllib.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
         raise ConfigError(f"{file}: config file is not UTF-8 text") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{file}: invalid TOML: {e}") from None
+    # Found by fuzzing: tomllib lets int()'s 4300-digit limit (ValueError) and deep arrays
+    # (RecursionError) escape as themselves instead of as TOMLDecodeError.
+    except ValueError as e:
+        raise ConfigError(f"{file}: invalid TOML: {e}") from None
+    except RecursionError:
+        raise ConfigError(f"{file}: invalid TOML: values nested too deeply") from None
 
 
 def config_from_dict(data: dict[str, Any], file: Path) -> Config:
     unknown = sorted(set(data) - _KEYS)
     if unknown:
-        raise ConfigError(f"{file}: unknown key {unknown[0]!r} (known: {', '.join(sorted(_KEYS))})")
+        raise ConfigError(
+            f"{file}: unknown key {_short(unknown[0])} (known: {', '.join(sorted(_KEYS))})")
     base = file.parent
     reader = _Reader(file, data)
     venv_env = os.environ.get("KERNEL_BOOTSTRAP_VENV")
     venv = _resolve(base, venv_env) if venv_env else reader.path("venv", base)
     constraints = reader.path("constraints", base)
-    if constraints is not None and not constraints.is_file():
+    if constraints is not None and not _exists(constraints, file, "constraints", "file"):
         raise ConfigError(f"{file}: key 'constraints': file not found: {constraints}")
     snapshots_env = os.environ.get("KERNEL_BOOTSTRAP_SNAPSHOTS")
     snapshots = _resolve(base, snapshots_env) if snapshots_env else reader.path("snapshots", base)
@@ -135,8 +145,21 @@ class _Reader:
     def _bad(self, key: str, expected: str) -> ConfigError:
         value = self.data[key]
         return ConfigError(
-            f"{self.file}: key {key!r} must be {expected}, got {type(value).__name__} {value!r}"
+            f"{self.file}: key {key!r} must be {expected}, got {type(value).__name__} "
+            f"{_short(value)}"
         )
+
+    def _check_text(self, where: str, value: str) -> str:
+        # Every string ends up as a path or a command-line argument: the OS takes neither with
+        # a NUL, nor a lone surrogate outside the range that stands for undecodable bytes.
+        if "\x00" in value:
+            raise ConfigError(f"{self.file}: {where} contains a NUL character: {_short(value)}")
+        try:
+            os.fsencode(value)
+        except UnicodeEncodeError:
+            raise ConfigError(f"{self.file}: {where} cannot be encoded for the operating system: "
+                              f"{_short(value)}") from None
+        return value
 
     def string(self, key: str) -> str | None:
         value = self.data.get(key)
@@ -144,13 +167,13 @@ class _Reader:
             return None
         if not isinstance(value, str) or not value.strip():
             raise self._bad(key, "a non-empty string")
-        return value
+        return self._check_text(f"key {key!r}", value)
 
     def strings(self, key: str) -> tuple[str, ...]:
         value = self.data.get(key, [])
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise self._bad(key, "a list of strings")
-        return tuple(value)
+        return tuple(self._check_text(f"{key}[{i}]", v) for i, v in enumerate(value))
 
     def path(self, key: str, base: Path) -> Path | None:
         value = self.string(key)
@@ -158,7 +181,28 @@ class _Reader:
 
 
 def _resolve(base: Path, value: str) -> Path:
-    return Path(os.path.normpath(base / Path(value).expanduser()))
+    # os.path.expanduser, not Path.expanduser: for an unknown "~user" the latter raises
+    # RuntimeError (found by fuzzing); the former leaves the text as it is.
+    return Path(os.path.normpath(base / os.path.expanduser(value)))
+
+
+def _exists(path: Path, file: Path, where: str, kind: str) -> bool:
+    """Whether ``path`` is a directory (or a file); an unreadable one is an error naming it."""
+    try:
+        return path.is_dir() if kind == "dir" else path.is_file()
+    except OSError as e:  # e.g. ENAMETOOLONG or EACCES, which pathlib does not swallow
+        raise ConfigError(f"{file}: {where}: cannot read {_short(str(path))}: {e.strerror}"
+                          ) from None
+
+
+_repr = reprlib.Repr()
+_repr.maxstring = _repr.maxother = 80
+
+
+def _short(value: object) -> str:
+    """A bounded repr: a value in an error message may be anything TOML can hold."""
+    text = _repr.repr(value)  # bounded depth and item counts, yet nested items add up
+    return text if len(text) <= 160 else text[:157] + "..."
 
 
 def default_venv() -> Path:
@@ -201,10 +245,13 @@ def discover_skills(
 def _glob_dirs(full: Path) -> list[Path]:
     """The literal root of a glob and every directory matched by each of its prefixes."""
     parts = full.parts
-    first = next(i for i, part in enumerate(parts) if glob.has_magic(part))
+    # None when normalising removed every magic part ("*/.." is just the base directory).
+    first = next((i for i, part in enumerate(parts) if glob.has_magic(part)), None)
+    if first is None:
+        return [full]
     dirs = [Path(*parts[:first])]
     for end in range(first + 1, len(parts) + 1):
-        dirs += sorted(Path(m) for m in glob.glob(str(Path(*parts[:end]))) if Path(m).is_dir())
+        dirs += sorted(Path(m) for m in glob.glob(str(Path(*parts[:end]))) if os.path.isdir(m))
     return dirs
 
 
@@ -212,8 +259,9 @@ def _expand(pattern: str, base: Path, file: Path, index: int) -> list[Path]:
     full = _resolve(base, pattern)
     if glob.has_magic(pattern):
         matches = sorted(Path(m) for m in glob.glob(str(full)))
-        return [m for m in matches if (m / "SKILL.md").is_file()]
-    if not full.is_dir():
+        # os.path.isfile: a match we cannot read is skipped, as glob itself skips those.
+        return [m for m in matches if os.path.isfile(m / "SKILL.md")]
+    if not _exists(full, file, f"skills[{index}]", "dir"):
         raise ConfigError(f"{file}: skills[{index}]: not a directory: {full}")
     return [full]
 

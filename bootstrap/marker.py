@@ -9,6 +9,8 @@ the file) or "legacy" (another schema), and both mean rebuild.
 from __future__ import annotations
 
 import json
+import os
+import reprlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +20,10 @@ from bootstrap.atomic import write_atomic
 from bootstrap.identity import SCHEMA
 
 MARKER_NAME: Final = ".bootstrap-version"
+# Our markers nest four levels (marker > runtime > inputs > list > str). Anything much deeper is
+# not ours, and letting it through would hand a RecursionError to whoever compares or prints it
+# (fuzzing found one in the "runtime changed" reasons).
+MAX_DEPTH: Final = 32
 MarkerState = Literal["ok", "missing", "corrupt", "legacy"]
 
 
@@ -76,16 +82,20 @@ def read_marker(venv: Path) -> MarkerRead:
         return MarkerRead("missing")
     except OSError as e:
         return MarkerRead("corrupt", problem=f"marker {path} unreadable: {e.strerror}")
+    except ValueError:  # a venv path holding NUL or an unencodable character
+        return MarkerRead("missing")
     try:
         obj = json.loads(raw)
-    except (ValueError, RecursionError):
+    except (ValueError, RecursionError):  # also non-UTF-8 bytes and ints over 4300 digits
         return MarkerRead("corrupt", problem=f"marker {path} is not valid JSON (truncated?)")
     if not isinstance(obj, dict):
         return MarkerRead("corrupt", problem=f"marker {path} is not a JSON object")
     schema = obj.get("schema")
-    if schema != SCHEMA or isinstance(schema, bool):
-        return MarkerRead("legacy", problem=f"marker {path} has schema {schema!r}, not {SCHEMA}")
-    problem = _shape_problem(obj)
+    # type(), not isinstance: true == 1 and 1.0 == 1 in Python, but neither is a schema we wrote.
+    if type(schema) is not int or schema != SCHEMA:
+        return MarkerRead("legacy",
+                          problem=f"marker {path} has schema {_short(schema)}, not {SCHEMA}")
+    problem = _depth_problem(obj) or _shape_problem(obj)
     if problem:
         return MarkerRead("corrupt", problem=f"marker {path} is malformed: {problem}")
     return MarkerRead("ok", obj)  # type: ignore[arg-type]  # shape checked just above
@@ -104,14 +114,51 @@ def _shape_problem(obj: dict[str, Any]) -> str | None:
             return f"{key!r} is not an object"
         for name, record in table.items():
             if not isinstance(record, dict) or not _all_str(record, fields):
-                return f"{key}[{name!r}] is wrongly shaped"
-    if not isinstance(obj.get("updated"), int | float):
+                return f"{key}[{_short(name)}] is wrongly shaped"
+    if type(obj.get("updated")) not in (int, float):
         return "'updated' is not a number"
     return None
 
 
+def _depth_problem(obj: object) -> str | None:
+    # Iterative: the point is to never recurse on input we did not write.
+    todo: list[tuple[object, int]] = [(obj, 0)]
+    while todo:
+        value, depth = todo.pop()
+        if depth > MAX_DEPTH:
+            return f"nested deeper than {MAX_DEPTH} levels"
+        if isinstance(value, dict):
+            todo += [(v, depth + 1) for v in value.values()]
+        elif isinstance(value, list):
+            todo += [(v, depth + 1) for v in value]
+    return None
+
+
+_repr = reprlib.Repr()
+_repr.maxstring = _repr.maxother = 60
+
+
+def _short(value: object) -> str:
+    """A bounded repr for messages: a marker may hold anything, and a warning is one line."""
+    text = _repr.repr(value)  # bounded depth and item counts, yet nested items add up
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
 def _all_str(obj: dict[str, Any], keys: tuple[str, ...]) -> bool:
-    return all(isinstance(obj.get(k), str) for k in keys)
+    return all(_is_text(obj.get(k)) for k in keys)
+
+
+def _is_text(value: object) -> bool:
+    # Our strings are paths (a non-UTF-8 name holds surrogate escapes, which encode) and uv's
+    # output decoded with errors="replace". A lone surrogate of any other kind is not ours, and
+    # `status` printing it would crash (found by fuzzing).
+    if not isinstance(value, str):
+        return False
+    try:
+        os.fsencode(value)
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def base_marker(runtime: RuntimeRecord) -> MarkerData:

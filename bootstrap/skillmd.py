@@ -7,6 +7,7 @@ format needs from us (``name``, ``description``) and avoids a YAML dependency.
 
 from __future__ import annotations
 
+import codecs
 import re
 from pathlib import Path
 from typing import Final
@@ -66,7 +67,10 @@ def read_front_matter(skill_md: Path) -> dict[str, str]:
     try:
         with skill_md.open("rb") as f:
             head = f.read(_MAX_FRONT_MATTER)
-        return parse_front_matter(head.decode("utf-8"))
+        # Incremental: a multi-byte character cut by the read limit is not a decoding error
+        # (fuzzing found valid files longer than 64 KiB reported as "not UTF-8").
+        decoder = codecs.getincrementaldecoder("utf-8")()
+        return parse_front_matter(decoder.decode(head, final=len(head) < _MAX_FRONT_MATTER))
     except UnicodeDecodeError:
         raise SkillError(f"{skill_md}: SKILL.md is not UTF-8 text") from None
     except OSError as e:
@@ -80,7 +84,11 @@ def check_skill_dir(path: Path) -> str:
     if problem:
         raise SkillError(f"{path}: invalid skill name {name!r}: {problem}")
     skill_md = path / SKILL_FILE
-    if not skill_md.is_file():
+    try:
+        is_file = skill_md.is_file()
+    except OSError as e:  # pathlib swallows ENOENT, not EACCES or ENAMETOOLONG
+        raise SkillError(f"{path}: cannot read {SKILL_FILE}: {e.strerror}") from None
+    if not is_file:
         raise SkillError(f"{path}: not a skill: no {SKILL_FILE}")
     declared = read_front_matter(skill_md).get("name")
     if declared is not None and declared != name:

@@ -86,3 +86,47 @@ def make_skill(parent: Path, name: str, files: dict[str, str] | None = None,
     for rel in executables:
         (root / rel).chmod(0o755)
     return root
+
+
+def run_with_tty_stderr(cmd: list[str], env: dict[str, str], timeout: float = 60.0,
+                        ) -> tuple[int, str, str]:
+    """Run ``cmd`` with stderr on a pseudo-terminal (stdout stays a pipe): what a person at a
+    shell sees. Returns (exit code, stdout, stderr) with the terminal's CRLF turned back into LF.
+    (Added by the logging and progress tests.)"""
+    import pty
+    import select
+    import time
+
+    master, slave = pty.openpty()
+    try:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=slave, env=env)
+    finally:
+        os.close(slave)
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.1)
+            if not ready:
+                if proc.poll() is not None:
+                    break
+                continue
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: every writer of the terminal has closed it
+                break
+            if not data:
+                break
+            chunks.append(data)
+        else:
+            proc.kill()
+            raise AssertionError(f"{cmd} did not finish within {timeout} s")
+        assert proc.stdout is not None
+        stdout = proc.stdout.read().decode()
+        code = proc.wait(timeout=timeout)
+    finally:
+        os.close(master)
+        if proc.stdout is not None:
+            proc.stdout.close()
+    return code, stdout, b"".join(chunks).decode(errors="replace").replace("\r\n", "\n")

@@ -1,0 +1,33 @@
+"""``kernel-bootstrap kernelspec install``: ensure, then a Jupyter kernelspec for the venv."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bootstrap import log
+from bootstrap.config import load_config
+from bootstrap.errors import EXIT_OK
+
+
+def install(config_path: Path | None, *, name: str, display_name: str | None, user: bool,
+            prefix: Path | None, as_json: bool) -> int:
+    """``user`` is the default location; it is a flag only so that it can be said explicitly."""
+    from bootstrap import kernelspec
+    from bootstrap.engine import ensure
+
+    del user  # the user's data dir is what we use whenever no --prefix is given
+    kernel = kernelspec.check_name(name)
+    config = load_config(config_path)
+    # Before ensure: a config without ipykernel must not cost a venv build to find out.
+    kernelspec.require_ipykernel(config)
+    result = ensure(config)
+    spec = kernelspec.spec_for(result.python, kernel, display_name, config)
+    path = kernelspec.install_spec(kernelspec.kernels_dir(prefix), kernel, spec)
+    log.info("kernelspec installed", name=kernel, path=str(path),
+             display_name=spec["display_name"])
+    if as_json:
+        print(json.dumps({"name": kernel, "path": str(path), "argv": spec["argv"]}))
+    else:
+        print(path)
+    return EXIT_OK

@@ -1,0 +1,198 @@
+"""`kernelspec install`: ensure, then a kernel.json that runs the venv, written atomically."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bootstrap import kernelspec
+from bootstrap.config import config_from_dict
+from bootstrap.errors import ConfigError
+from tests.world import World
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> World:
+    w = World(tmp_path)
+    w.skill("alpha")
+    w.write_config(requirements=["ipykernel>=6"])
+    return w
+
+
+def install(world: World, *args: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    result = world.run("kernelspec", "install", "--json", *args, env=env)
+    assert result.returncode == 0, result.stderr
+    out: dict[str, Any] = json.loads(result.stdout)
+    return out
+
+
+def spec_at(path: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((path / "kernel.json").read_text())
+    return data
+
+
+def test_install_ensures_then_writes_a_spec_that_runs_the_managed_interpreter(
+        world: World, tmp_path: Path) -> None:
+    out = install(world, "--prefix", str(tmp_path / "prefix"))
+    path = tmp_path / "prefix" / "share" / "jupyter" / "kernels" / "kernel-bootstrap"
+    assert out == {"name": "kernel-bootstrap", "path": str(path),
+                   "argv": [str(world.python), "-m", "ipykernel_launcher", "-f",
+                            "{connection_file}"]}
+    assert world.imports("ipykernel") and world.imports("alpha")
+    spec = spec_at(path)
+    assert spec["argv"] == out["argv"]
+    assert spec["language"] == "python"
+    assert spec["display_name"] == "Python (kernel-bootstrap)"
+    assert spec["metadata"] == {"kernel_bootstrap": {"config": str(world.config),
+                                                     "venv": str(world.venv)}}
+    assert sorted(p.name for p in path.iterdir()) == ["kernel.json"]
+
+
+def test_the_user_location_is_the_jupyter_data_dir(world: World, tmp_path: Path) -> None:
+    data_dir = tmp_path / "jupyter-data"
+    out = install(world, "--user", "--name", "agent", env={"JUPYTER_DATA_DIR": str(data_dir)})
+    assert out["path"] == str(data_dir / "kernels" / "agent")
+    assert spec_at(Path(out["path"]))["display_name"] == "Python (agent)"
+
+
+def test_without_a_location_it_installs_for_the_user(world: World, tmp_path: Path) -> None:
+    env = {k: v for k, v in world.env.items() if k != "JUPYTER_DATA_DIR"}
+    env["XDG_DATA_HOME"] = str(tmp_path / "xdg")
+    world.env = env
+    out = install(world, "--display-name", "My agent")
+    assert out["path"] == str(tmp_path / "xdg" / "jupyter" / "kernels" / "kernel-bootstrap")
+    assert spec_at(Path(out["path"]))["display_name"] == "My agent"
+
+
+def test_reinstalling_replaces_the_spec_and_leaves_nothing_beside_it(
+        world: World, tmp_path: Path) -> None:
+    prefix = tmp_path / "prefix"
+    first = Path(install(world, "--prefix", str(prefix))["path"])
+    (first / "logo-64x64.png").write_bytes(b"old")
+    install(world, "--prefix", str(prefix), "--display-name", "Second")
+    assert spec_at(first)["display_name"] == "Second"
+    assert sorted(p.name for p in first.iterdir()) == ["kernel.json"]
+    jupyter = prefix / "share" / "jupyter"
+    assert sorted(p.name for p in jupyter.iterdir()) == ["kernels"]
+    assert sorted(p.name for p in (jupyter / "kernels").iterdir()) == ["kernel-bootstrap"]
+
+
+def test_a_name_is_lower_cased_as_jupyter_does(world: World, tmp_path: Path) -> None:
+    out = install(world, "--prefix", str(tmp_path), "--name", "Agent.Py_3-x")
+    assert out["name"] == "agent.py_3-x" and out["path"].endswith("/kernels/agent.py_3-x")
+
+
+def test_no_ipykernel_requirement_is_refused_before_anything_is_built(world: World,
+                                                                      tmp_path: Path) -> None:
+    world.write_config(requirements=["requests>=2", "ipykernel-helpers"])
+    result = world.run("kernelspec", "install", "--prefix", str(tmp_path / "prefix"))
+    assert result.returncode == 2
+    assert "ipykernel" in result.stderr and "`requirements`" in result.stderr
+    assert str(world.config) in result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == ""
+    assert world.uv_calls() == [] and not world.venv.exists()
+    assert not (tmp_path / "prefix").exists()
+
+
+@pytest.mark.parametrize("name", ["..", ".", "a/b", "a b", "", "ünï", "x" * 201, "../evil"])
+def test_an_invalid_name_is_a_usage_error_before_anything_is_built(
+        world: World, tmp_path: Path, name: str) -> None:
+    result = world.run("kernelspec", "install", "--prefix", str(tmp_path / "p"), "--name", name)
+    assert result.returncode == 2, result.stderr
+    assert "invalid kernel name" in result.stderr and "Traceback" not in result.stderr
+    assert world.uv_calls() == [] and not (tmp_path / "p").exists()
+
+
+def test_the_ipykernel_check_understands_requirement_syntax(tmp_path: Path) -> None:
+    file = tmp_path / "kernel-bootstrap.toml"
+    for ok in (["IPyKernel"], ["ipykernel[test] >= 6 ; python_version >= '3.8'"], ["ipykernel"]):
+        kernelspec.require_ipykernel(config_from_dict({"requirements": ok}, file))
+    for bad in ([], ["ipykernel_extra"], ["jupyter"]):
+        with pytest.raises(ConfigError, match="ipykernel"):
+            kernelspec.require_ipykernel(config_from_dict({"requirements": bad}, file))
+
+
+def test_user_data_dir_follows_jupyter_core(monkeypatch: pytest.MonkeyPatch,
+                                            tmp_path: Path) -> None:
+    home = Path(os.path.expanduser("~"))
+    with monkeypatch.context() as patch:
+        patch.delenv("JUPYTER_DATA_DIR", raising=False)
+        patch.delenv("XDG_DATA_HOME", raising=False)
+        patch.setattr(sys, "platform", "linux")
+        assert kernelspec.user_data_dir() == home / ".local" / "share" / "jupyter"
+        patch.setattr(sys, "platform", "darwin")
+        assert kernelspec.user_data_dir() == home / "Library" / "Jupyter"
+        patch.setattr(sys, "platform", "win32")
+        patch.setenv("APPDATA", str(tmp_path / "Roaming"))
+        assert kernelspec.user_data_dir() == tmp_path / "Roaming" / "jupyter"
+        patch.setenv("JUPYTER_DATA_DIR", str(tmp_path / "explicit"))
+        assert kernelspec.user_data_dir() == tmp_path / "explicit"
+
+
+SPEC: kernelspec.KernelSpec = {"argv": ["/v/bin/python", *kernelspec.LAUNCHER],
+                               "display_name": "new", "language": "python", "metadata": {}}
+
+
+@pytest.fixture
+def kernels(tmp_path: Path) -> Path:
+    path = tmp_path / "share" / "jupyter" / "kernels"
+    old = path / "agent"
+    old.mkdir(parents=True)
+    (old / "kernel.json").write_text('{"display_name": "old"}')
+    return path
+
+
+@pytest.mark.parametrize("no_exchange", ["", "1"])
+def test_replacing_works_with_and_without_rename_exchange(
+        kernels: Path, monkeypatch: pytest.MonkeyPatch, no_exchange: str) -> None:
+    with monkeypatch.context() as patch:
+        patch.setenv("KERNEL_BOOTSTRAP_NO_EXCHANGE", no_exchange)
+        path = kernelspec.install_spec(kernels, "agent", SPEC)
+    assert spec_at(path)["display_name"] == "new"
+    assert sorted(p.name for p in kernels.parent.iterdir()) == ["kernels"]
+
+
+def test_a_symlinked_spec_is_replaced_without_touching_its_target(kernels: Path,
+                                                                  tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "kernel.json").write_text("{}")
+    (kernels / "linked").symlink_to(elsewhere)
+    path = kernelspec.install_spec(kernels, "linked", SPEC)
+    assert not path.is_symlink() and spec_at(path)["display_name"] == "new"
+    assert (elsewhere / "kernel.json").read_text() == "{}"
+
+
+class Interrupt(KeyboardInterrupt):
+    """^C at a narrow seam, as a person at the shell would press it."""
+
+
+@pytest.mark.parametrize("fault", [Interrupt(), OSError(errno.ENOSPC, "No space left on device")])
+@pytest.mark.parametrize(("seam", "calls_before"), [("fsync", 0), ("rename", 0), ("rename", 1)])
+def test_a_failed_install_keeps_the_old_spec_and_leaves_no_staging(
+        kernels: Path, monkeypatch: pytest.MonkeyPatch, fault: BaseException, seam: str,
+        calls_before: int) -> None:
+    """``("rename", 1)`` fails the second rename: the old spec is already aside by then."""
+    before = (kernels / "agent" / "kernel.json").read_bytes()
+    real = getattr(os, seam)
+    calls = {"n": 0}
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == calls_before + 1:
+            raise fault
+        return real(*args, **kwargs)
+
+    with monkeypatch.context() as patch, pytest.raises(type(fault)):
+        patch.setenv("KERNEL_BOOTSTRAP_NO_EXCHANGE", "1")
+        patch.setattr(os, seam, broken)
+        kernelspec.install_spec(kernels, "agent", SPEC)
+    assert (kernels / "agent" / "kernel.json").read_bytes() == before
+    assert sorted(p.name for p in kernels.parent.iterdir()) == ["kernels"]
+    assert sorted(p.name for p in kernels.iterdir()) == ["agent"]

@@ -1,0 +1,209 @@
+"""Logs and progress: JSON lines for a pipe, readable lines for a person, silence when warm."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from bootstrap import log
+from tests.helpers import run_with_tty_stderr
+from tests.world import World
+
+ANSI = "\033["
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> World:
+    w = World(tmp_path)
+    w.skill("alpha")
+    w.skill("beta")
+    w.write_config(requirements=["requests>=2"])
+    return w
+
+
+def json_lines(stderr: str) -> list[dict[str, object]]:
+    lines = stderr.splitlines()
+    assert lines, "expected log lines"
+    return [json.loads(line) for line in lines]
+
+
+def test_a_cold_ensure_on_a_pipe_logs_one_json_object_per_line(world: World) -> None:
+    events = json_lines(world.ensure().stderr)
+    assert all({"event", "level", "timestamp"} <= set(e) for e in events)
+    names = [e["event"] for e in events]
+    assert "building the runtime" in names and "installing skills" in names
+    installing = next(e for e in events if e["event"] == "installing skills")
+    assert installing["skills"] == ["alpha", "beta"] and installing["level"] == "info"
+
+
+def test_log_format_console_gives_readable_lines_even_on_a_pipe(world: World) -> None:
+    stderr = world.ensure("--log-format", "console").stderr
+    assert "building the runtime" in stderr and "installing skills" in stderr
+    for line in stderr.splitlines():
+        with pytest.raises(ValueError):
+            json.loads(line)
+    assert ANSI not in stderr, "no colour on a pipe"
+
+
+def test_log_format_json_wins_on_a_terminal(world: World) -> None:
+    code, _, stderr = run_with_tty_stderr(world.command("ensure", "--log-format", "json"),
+                                          world.env)
+    assert code == 0
+    assert json_lines(stderr)[0]["event"] == "building the runtime"
+
+
+def test_quiet_silences_info_and_verbose_adds_debug(world: World) -> None:
+    assert world.ensure("-q").stderr == ""
+    world.skill("gamma")
+    events = json_lines(world.ensure("-v").stderr)
+    assert any(e["level"] == "debug" and e["event"] == "uv" for e in events)
+
+
+def test_quiet_still_shows_a_failed_skill(world: World) -> None:
+    world.skill("gamma")
+    world.ensure()
+    world.skill("gamma", version="0.2.0")
+    result = world.ensure("-q", env={"FAKE_UV_FAIL": "gamma"})
+    events = json_lines(result.stderr)
+    assert {e["level"] for e in events} == {"warning"}
+    assert any(e.get("skill") == "gamma" for e in events)
+
+
+def test_a_terminal_gets_colour_unless_no_color(world: World) -> None:
+    env = {k: v for k, v in world.env.items() if k != "NO_COLOR"}
+    env["TERM"] = "xterm"
+    code, stdout, stderr = run_with_tty_stderr(world.command("ensure"), env)
+    assert code == 0 and stdout == f"{world.python}\n"
+    assert "building the runtime" in stderr and ANSI in stderr
+
+    world.skill("gamma")
+    code, _, stderr = run_with_tty_stderr(world.command("ensure"), {**env, "NO_COLOR": "1"})
+    assert code == 0 and "installing skills" in stderr
+    assert ANSI not in stderr
+    for line in stderr.splitlines():
+        assert not line.startswith("{"), "a terminal gets console lines, not JSON"
+
+
+def test_a_warm_ensure_prints_nothing_on_stderr_on_a_pipe_or_a_terminal(world: World) -> None:
+    world.ensure()
+    assert world.ensure().stderr == ""
+    assert world.ensure("--json").stderr == ""
+    code, stdout, stderr = run_with_tty_stderr(world.command("ensure"), world.env)
+    assert (code, stdout, stderr) == (0, f"{world.python}\n", "")
+
+
+def test_console_lines_put_a_multi_line_value_under_the_event() -> None:
+    line = log.render_console({"event": "skill failed to install", "level": "warning",
+                               "skill": "alpha", "error": "Failed to build `alpha`\n  boom",
+                               "hint": "run `kernel-bootstrap repair`"})
+    assert line == textwrap.dedent("""\
+        warning: skill failed to install skill=alpha hint="run `kernel-bootstrap repair`"
+          error:
+            Failed to build `alpha`
+              boom""")
+
+
+def test_console_lines_quote_values_with_spaces_and_join_lists() -> None:
+    line = log.render_console({"event": "installing skills", "level": "info", "count": 2,
+                               "skills": ["a", "b"], "name": "Python (x)"})
+    assert line == 'installing skills count=2 skills="a, b" name="Python (x)"'
+
+
+def test_colour_marks_the_level_and_dims_the_fields() -> None:
+    line = log.render_console({"event": "e", "level": "warning", "k": "v"}, colour=True)
+    assert line.startswith("\033[33;1mwarning: e\033[0m") and "\033[2mk=v\033[0m" in line
+
+
+def test_is_json_follows_the_format_flag_and_the_terminal(monkeypatch: pytest.MonkeyPatch,
+                                                          ) -> None:
+    with monkeypatch.context() as patch:
+        patch.setattr(sys, "stderr", io.StringIO())
+        log.configure(0, None)
+        assert log.is_json()
+        log.configure(0, "console")
+        assert not log.is_json()
+    log.configure()
+
+
+PROGRESS_SCRIPT = """
+import sys, time
+from bootstrap import log, progress
+log.configure(int(sys.argv[1]), None if sys.argv[2] == "-" else sys.argv[2])
+progress.note("waiting for pid 123")
+progress.start(3)
+progress.step("creating the venv")
+progress.step("installing the runtime")
+progress.step("installing 8 skills")
+progress.note("isolating a failed group")
+progress.step("installing beta alone")
+progress.finish("ready")
+"""
+
+
+def run_progress(verbosity: int = 0, fmt: str = "-", tty: bool = True,
+                 env: dict[str, str] | None = None) -> str:
+    import os
+    import subprocess
+
+    cmd = [sys.executable, "-c", PROGRESS_SCRIPT, str(verbosity), fmt]
+    full_env = {**os.environ, **(env or {})}
+    if tty:
+        code, _, stderr = run_with_tty_stderr(cmd, full_env)
+        assert code == 0, stderr
+        return stderr
+    result = subprocess.run(cmd, capture_output=True, text=True, env=full_env, check=True)
+    return result.stderr
+
+
+def test_progress_on_a_terminal_counts_steps_and_shows_the_time() -> None:
+    lines = run_progress(env={"NO_COLOR": "1"}).splitlines()
+    assert [line.rsplit(" (", 1)[0] for line in lines] == [
+        "waiting for pid 123",
+        "[1/3] creating the venv",
+        "[2/3] installing the runtime",
+        "[3/3] installing 8 skills",
+        "      isolating a failed group",
+        "[4/4] installing beta alone",
+        "ready",
+    ]
+    assert all(line.endswith("s)") for line in lines)
+
+
+def test_progress_is_coloured_on_a_terminal_unless_no_color() -> None:
+    assert ANSI in run_progress(env={"TERM": "xterm"})
+    assert ANSI not in run_progress(env={"NO_COLOR": "1"})
+
+
+@pytest.mark.parametrize(("verbosity", "fmt", "tty"), [
+    (0, "-", False),  # piped: a launcher's log does not want progress
+    (-1, "-", True),  # -q
+    (0, "json", True),  # JSON logs asked for: machine readers on a terminal too
+])
+def test_progress_says_nothing_when_piped_quiet_or_json(verbosity: int, fmt: str,
+                                                        tty: bool) -> None:
+    assert run_progress(verbosity, fmt, tty) == ""
+
+
+def test_progress_never_raises_on_a_closed_stderr(monkeypatch: pytest.MonkeyPatch) -> None:
+    from bootstrap import progress
+
+    class ClosedTerminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+        def write(self, text: str) -> int:
+            raise OSError(5, "Input/output error")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(sys, "stderr", ClosedTerminal())
+        log.configure(0, None)
+        assert progress.enabled()
+        progress.start(1)
+        progress.step("creating the venv")
+        progress.finish()
+    log.configure()
