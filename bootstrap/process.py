@@ -11,6 +11,7 @@ import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from bootstrap.errors import ProcessError
 
@@ -46,17 +47,19 @@ def run(
     timeout: float | None = None,
     what: str = "",
     error: type[ProcessError] = ProcessError,
+    stdin: IO[bytes] | None = None,
 ) -> Result:
     """Run ``cmd`` to completion and capture its output.
 
     ``check`` turns a non-zero exit (or a command that cannot start) into ``error``; ``what``
-    is the one-line description of the step used at the top of that error's message.
+    is the one-line description of the step used at the top of that error's message. ``stdin``
+    is an open file for the child to read (by default it reads nothing).
     """
     argv = tuple(str(c) for c in cmd)
     try:
         proc = subprocess.run(
             argv,
-            stdin=subprocess.DEVNULL,
+            stdin=stdin if stdin is not None else subprocess.DEVNULL,
             capture_output=True,
             text=True,
             errors="replace",

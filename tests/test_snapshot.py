@@ -141,3 +141,39 @@ def test_list_and_prune(world: World) -> None:
     pruned = json.loads(world.run("snapshot", "prune", "--keep", "0", "--json").stdout)
     assert len(pruned["removed"]) == 1 and archives(world) == []
     assert "no snapshots" in world.run("snapshot", "list").stdout
+
+
+def _info(name: str, kind: bytes = tarfile.REGTYPE, link: str = "",
+          mode: int = 0o644) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname, info.mode = kind, link, mode
+    return info
+
+
+@pytest.mark.parametrize(("member", "problem"), [
+    (_info("venv/lib/x.py"), None),
+    (_info("venv/bin/python", tarfile.SYMTYPE, "/usr/bin/python3.11"), None),
+    (_info("venv/bin/python3", tarfile.SYMTYPE, "python"), None),
+    (_info("venv/lib64", tarfile.SYMTYPE, "lib"), None),
+    (_info("other/x"), "outside the venv"),
+    (_info("/venv/x"), "outside the venv"),
+    (_info("venv/../x"), "outside the venv"),
+    (_info("venv/lib/tool", tarfile.SYMTYPE, "/bin/sh"), "absolute link"),
+    (_info("venv/lib/up", tarfile.SYMTYPE, "../../.."), "leaving the venv"),
+    (_info("venv/lib/hard", tarfile.LNKTYPE, "etc/passwd"), "leaving the venv"),
+    (_info("venv/dev", tarfile.CHRTYPE), "not a file"),
+    (_info("venv/fifo", tarfile.FIFOTYPE), "not a file"),
+    (_info("venv/bin/su", mode=0o4755), "setuid"),
+])
+def test_members_are_vetted_lexically(member: tarfile.TarInfo, problem: str | None) -> None:
+    from bootstrap.snapshot import _member_problem
+
+    found = _member_problem(member, set())
+    assert (found is None) if problem is None else (found is not None and problem in found)
+
+
+def test_a_member_reached_through_a_link_is_refused() -> None:
+    from bootstrap.snapshot import _member_problem
+
+    links = {"venv/bin/python3"}
+    assert "through a link" in (_member_problem(_info("venv/bin/python3/x"), links) or "")
