@@ -102,7 +102,9 @@ class Store:
             self.root.mkdir(parents=True, exist_ok=True)
             manifest = {"key": key, "platform": platform.as_dict(), "created": time.time(),
                         "source": str(venv), "format": 1}
-            with tarfile.open(tmp, "w") as tar:
+            # GNU format: PAX (the default) adds an extended header per member for sub-second
+            # mtimes, doubling the headers a restore has to vet.
+            with tarfile.open(tmp, "w", format=tarfile.GNU_FORMAT) as tar:
                 _add_bytes(tar, MANIFEST, json.dumps(manifest).encode())
                 tar.add(venv, arcname=TOP, filter=_skip_locks)
             _fsync(tmp)
