@@ -99,6 +99,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("gc", help="remove leftovers of dead processes")
     _common(p)
+    p.add_argument("--root", dest="roots", action="append", type=Path, default=[],
+                   metavar="ROOT", help="also clean the publish state of this skill root")
+    p.add_argument("--grace", type=_positive, default=30.0, metavar="SECONDS")
+    p.add_argument("--lock-timeout", type=_positive, default=10.0, metavar="SECONDS")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("publish", help="install skill trees atomically into a skill root")
@@ -196,7 +200,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     if cmd == "gc":
         from bootstrap.commands.gc import gc
 
-        return gc(args.config, as_json=args.json)
+        return gc(args.config, roots=args.roots, grace=args.grace, as_json=args.json,
+                  lock_timeout=args.lock_timeout)
     if cmd == "publish":
         from bootstrap.commands.publish import publish
 

@@ -3,17 +3,28 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 from bootstrap import lock
-from bootstrap.config import load_config
+from bootstrap.config import find_config_file, load_config
 from bootstrap.errors import EXIT_OK
 from bootstrap.venv import recover
 
 
-def gc(config_path: Path | None, *, as_json: bool, lock_timeout: float = 10.0) -> int:
-    config = load_config(config_path)
+def gc(config_path: Path | None, *, as_json: bool, roots: Sequence[Path] = (),
+       grace: float = 30.0, lock_timeout: float = 10.0) -> int:
+    """Clean beside the config's venv (when there is a config) and beside each ``--root``."""
     done: list[str] = []
+    if roots:
+        from bootstrap.publish import gc_publish_state
+
+        for root in roots:
+            done += [f"removed {p}" for p in gc_publish_state(root.absolute(), grace,
+                                                               lock_timeout=lock_timeout)]
+        if config_path is None and not find_config_file(None).exists():
+            return _report(None, done, as_json)  # only roots to clean, no venv to look after
+    config = load_config(config_path)
     # Nothing can be left where nothing was ever built; and taking the lock would create its
     # directory and file on a machine that never ran `ensure`.
     if config.venv.parent.is_dir():
@@ -21,8 +32,12 @@ def gc(config_path: Path | None, *, as_json: bool, lock_timeout: float = 10.0) -
         # the holder builds. A live holder makes us wait (bounded), never remove its work.
         with lock.hold(config.venv, lock_timeout, purpose="gc"):
             done = recover(config.venv)
+    return _report(config.venv, done, as_json)
+
+
+def _report(venv: Path | None, done: list[str], as_json: bool) -> int:
     if as_json:
-        print(json.dumps({"venv": str(config.venv), "done": done}))
+        print(json.dumps({"venv": str(venv) if venv else None, "done": done}))
     else:
         print("\n".join(done) if done else "nothing to remove")
     return EXIT_OK
