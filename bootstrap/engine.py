@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Literal
 
-from bootstrap import lock, log, process, snapshot, warm
+from bootstrap import lock, log, process, progress, snapshot, warm
 from bootstrap.config import Config, validate_requirements
 from bootstrap.errors import BootstrapError, ConfigError
 from bootstrap.identity import identity_of, runtime_inputs
@@ -79,14 +79,19 @@ def ensure(config: Config, *, lock_timeout: float = 300.0, force: bool = False,
             return EnsureResult(found.python, config.venv, "ready")
         uv = make_uv(config.constraints, config.uv_args)
         snapshots: snapshot.Plan | None = None
+        skills_step = 1 if (found.pending or reinstall or found.stray) else 0
         if found.base_current and not force and found.marker.data is not None:
             action: Action = "skills"
             runtime = found.marker.data["runtime"]
+            progress.start(skills_step)
         else:
             _say_why_rebuild(found, force)
+            progress.start(2 + bool(config.requirements) + skills_step)
             snapshots = snapshot.plan(config, uv)
             action, runtime = "rebuild", rebuild(config, uv, snapshots)
         outcome = sync_skills(config, uv, runtime, reinstall)
+        progress.finish("ready" if not outcome.failed
+                        else f"ready; {len(outcome.failed)} skill(s) failed")
         if action == "rebuild" and snapshots and not snapshots.restored and not outcome.failed:
             snapshots.save(config.venv)
         if not outcome.failed:
@@ -130,16 +135,20 @@ def rebuild(config: Config, uv: Uv, snapshots: snapshot.Plan | None = None) -> R
     live = config.venv
     _refuse_foreign_directory(live)
     if snapshots is not None and snapshots.available:
+        progress.note("restoring a snapshot")
         restored = _restore(config, snapshots)
         if restored is not None:
             return restored
     staged = staging_path(live)
     with _removed_on_failure(staged):
+        progress.step("creating the venv")
         uv.create_venv(staged, config.python)
         if config.requirements:
+            progress.step(f"installing the runtime ({len(config.requirements)} requirements)")
             log.info("installing the runtime", requirements=list(config.requirements))
             uv.install(interpreter(staged), list(config.requirements),
                        what="uv could not install the requirements")
+        progress.step("checking the new venv")
         runtime = _runtime_record(config, _validate(staged, config))
         # The base marker lands with the venv: a session killed during the skill sync leaves
         # a marker that says "runtime done", so the next one never rebuilds it.

@@ -67,7 +67,9 @@ def test_killed_mid_build_then_resumed(real: RealWorld) -> None:
     assert out["action"] == "skills"
     assert sorted(out["installed"]) == ["beta", "gamma"]
     assert real.venv_calls() == []
-    assert [real.editables(c) for c in real.installs()] == [["beta", "gamma"]]
+    # Only what was left; after a kill inside a uv call the next session may split it.
+    installed_now = [e for c in real.installs() for e in real.editables(c)]
+    assert sorted(installed_now) == ["beta", "gamma"]
     assert not any("kb-runtime-demo" in " ".join(c) for c in real.installs())
     assert real.imports("alpha") and real.imports("beta") and real.imports("gamma")
     assert real.status()["ready"] is True
