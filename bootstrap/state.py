@@ -14,7 +14,7 @@ from typing import Any, Literal
 from bootstrap.config import Config, Skill
 from bootstrap.identity import describe_change, identity_of, runtime_inputs
 from bootstrap.marker import MarkerRead, read_marker
-from bootstrap.skills import pyproject_hash
+from bootstrap.skills import pyproject_state
 from bootstrap.venv import interpreter, python_version
 
 RuntimeState = Literal["current", "stale", "missing"]
@@ -60,8 +60,11 @@ def assess(config: Config) -> Assessment:
     runtime, why = _runtime_state(config, marker, python)
     recorded: dict[str, Any] = marker.data["skills"] if marker.data else {}
     failed: dict[str, Any] = marker.data["failed"] if marker.data else {}
-    skills = tuple(_skill_status(s, recorded, failed) for s in config.skills)
-    python_names = {s.name for s in config.skills if s.is_python}
+    # One stat per skill says whether it is a Python skill and, usually, its hash too.
+    found = [(s, *pyproject_state(s)) for s in config.skills]
+    skills = tuple(_skill_status(s, is_python, digest, recorded, failed)
+                   for s, is_python, digest in found)
+    python_names = {s.name for s, is_python, _ in found if is_python}
     stray = tuple(sorted(n for n in recorded if n not in python_names))
     return Assessment(venv, python, marker, runtime, why, skills, stray)
 
@@ -83,16 +86,16 @@ def _runtime_state(config: Config, marker: MarkerRead,
     return "current", []
 
 
-def _skill_status(skill: Skill, recorded: dict[str, Any], failed: dict[str, Any]) -> SkillStatus:
-    name, path = skill.name, skill.path
-    if not skill.is_python:
+def _skill_status(skill: Skill, is_python: bool, digest: str, recorded: dict[str, Any],
+                  failed: dict[str, Any]) -> SkillStatus:
+    name, path = skill.name, str(skill.path)
+    if not is_python:
         return SkillStatus(name, False, "installed")
-    digest = pyproject_hash(skill)
     record = recorded.get(name)
-    if record and record["path"] == str(path) and record["pyproject"] == digest:
+    if record and record["path"] == path and record["pyproject"] == digest:
         return SkillStatus(name, True, "installed")
     failure = failed.get(name)
-    if failure and failure["path"] == str(path) and failure["pyproject"] == digest:
+    if failure and failure["path"] == path and failure["pyproject"] == digest:
         return SkillStatus(name, True, "failed", failure["error"])
     if record:
         return SkillStatus(name, True, "stale")

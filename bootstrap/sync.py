@@ -4,14 +4,30 @@ Each success is merged into the marker as soon as it lands, so a session killed 
 leaves a marker that tells the next session exactly what is left. The system we replace wrote
 its marker once, after the last install: every killed session left nothing behind, and the next
 one started over, forever.
+
+One uv call for everything is the fastest way when the session lives long enough, but uv
+installs nothing until the whole call has resolved and built, so a session that is always
+killed sooner lands nothing. Measured on 12 skills with sessions killed every 1.5 s: when uv's
+cache does not outlive the session, one call never landed in 25 sessions; with a shared cache
+it landed after 4-9 sessions, only as the builds of killed calls piled up in it (see
+BENCHMARKS.md). So before each call we record the group we attempt in the marker (an
+``"attempt"`` key that readers which do not know it ignore). A session that finds
+an attempt knows that its predecessor died (the final authoritative write drops it). If the
+attempt's skills are still not installed, that session died inside that call, and the next
+installs in groups half that size; the same size if the attempt was not its session's first call
+(that session ran out of time; the size was not the problem) or had landed. Every landed group
+is merged into the marker at once.
 """
 
 from __future__ import annotations
 
+import os
 import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Final, cast
 
 from bootstrap import log
 from bootstrap.config import Config
@@ -35,6 +51,8 @@ from bootstrap.skills import (
 )
 from bootstrap.uv import Uv
 from bootstrap.venv import interpreter
+
+ATTEMPT: Final = "attempt"
 
 
 @dataclass
@@ -76,6 +94,20 @@ class _Sync:
         self.record(SkillChanges(failed={skill.name: failure}))
         self.outcome.failed[skill.name] = error
 
+    def note_attempt(self, group: Sequence[PythonSkill] | None, first: bool = True) -> None:
+        """Record (or, with None, clear) the group about to go to uv, in the on-disk marker."""
+        current = read_marker(self.config.venv).data
+        if current is None or current["runtime"]["identity"] != self.runtime["identity"]:
+            return  # nothing to annotate; the next write is a base marker anyway
+        data = cast(dict[str, Any], current)
+        if group is None:
+            if data.pop(ATTEMPT, None) is None:
+                return
+        else:
+            data[ATTEMPT] = {"skills": [s.name for s in group], "first": first,
+                             "pid": os.getpid(), "started": time.time()}
+        write_marker(self.config.venv, cast(MarkerData, data))
+
     def install(self, group: Sequence[PythonSkill], what: str) -> None:
         with tempfile.TemporaryDirectory(prefix="kernel-bootstrap-") as tmp:
             reqs = requirements_file(group, Path(tmp))
@@ -105,9 +137,31 @@ def sync_skills(config: Config, uv: Uv, runtime: RuntimeRecord,
         sync.fail(skill, skill.problem)
     pending = [s for s in pending if not s.problem]
     if pending:
-        _install_pending(sync, pending)
+        _install_pending(sync, pending, _group_size(marker, pending))
     _finish(sync)
     return sync.outcome
+
+
+def _group_size(marker: MarkerData | None, pending: list[PythonSkill]) -> int:
+    """All of ``pending`` at once, unless an earlier session died inside a uv call (see the
+    module docstring)."""
+    attempt = cast(dict[str, Any], marker or {}).get(ATTEMPT)
+    if not isinstance(attempt, dict) or not isinstance(attempt.get("skills"), list):
+        return len(pending)
+    tried = [n for n in attempt["skills"] if isinstance(n, str)]
+    if not tried:
+        return len(pending)
+    # Only a session that ends normally drops its attempt, so the one that wrote this died.
+    # If it died inside that call, and that call had the whole session to itself, the group
+    # was too big for the time sessions get: halve it (rounding up: 3 -> 2 -> 1). Otherwise
+    # it died between calls, or after spending part of its time on earlier ones: the size
+    # itself was fine.
+    inside = not {s.name for s in pending}.isdisjoint(tried)
+    size = (len(tried) + 1) // 2 if inside and attempt.get("first") is not False else len(tried)
+    log.info("an earlier session was stopped while installing skills; installing them in "
+             "smaller groups", skills=tried, pid=attempt.get("pid"), inside_uv=inside,
+             group_size=size)
+    return size
 
 
 def _is_recorded(skill: PythonSkill, recorded: dict[str, SkillRecord]) -> bool:
@@ -128,23 +182,34 @@ def _remove_unconfigured(sync: _Sync, recorded: dict[str, SkillRecord]) -> None:
     sync.outcome.removed = gone
 
 
-def _install_pending(sync: _Sync, pending: list[PythonSkill]) -> None:
+def _install_pending(sync: _Sync, pending: list[PythonSkill], size: int) -> None:
     names = [s.name for s in pending]
     log.info("installing skills", count=len(pending), skills=names)
-    # The configured skills they depend on go into the same call (already-installed ones are a
-    # no-op for uv's freshness check), otherwise uv looks for them on the index and fails.
-    group = dependency_order(
-        {d.name: d for s in pending for d in with_dependencies(s, sync.by_project)}.values(),
-        sync.by_project,
-    )
-    try:
-        sync.install(group, what=f"uv could not install skills {', '.join(names)}")
-    except UvError as e:
-        log.warning("skill group failed; installing one by one to find the bad ones",
-                    skills=names, error=e.tail)
-        _isolate(sync, pending)
-        return
-    sync.land(pending)
+    remaining = dependency_order(pending, sync.by_project)
+    first = True
+    while remaining:
+        batch = remaining[:size]
+        # The configured skills they depend on go into the same call (already-installed ones
+        # are a no-op for uv's freshness check), otherwise uv looks for them on the index and
+        # fails.
+        group = dependency_order(
+            {d.name: d for s in batch for d in with_dependencies(s, sync.by_project)}.values(),
+            sync.by_project,
+        )
+        landing = [s for s in group if s in remaining]
+        landing_names = ", ".join(s.name for s in landing)
+        sync.note_attempt(landing, first)
+        first = False
+        try:
+            sync.install(group, what=f"uv could not install skills {landing_names}")
+        except UvError as e:
+            sync.note_attempt(None)
+            log.warning("skill group failed; installing one by one to find the bad ones",
+                        skills=[s.name for s in landing], error=e.tail)
+            _isolate(sync, landing)
+        else:
+            sync.land(landing)
+        remaining = [s for s in remaining if s not in landing]
 
 
 def _isolate(sync: _Sync, pending: list[PythonSkill]) -> None:

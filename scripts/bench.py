@@ -1,0 +1,307 @@
+"""Benchmarks for issue 6, against the real uv: one table per figure, medians and ratios.
+
+Figures (``--only`` takes a comma-separated list of these names):
+
+- ``warm-cli``     warm ``kernel-bootstrap ensure`` vs ``python -c pass`` vs uv's own no-op
+                   (6 Python skills), and what the warm path imports (``-X importtime``);
+- ``inprocess``    in-process warm ``bootstrap.engine.ensure(config)``, 10 skills (timeit);
+- ``cold``         cold ``ensure`` of 8 Python skills vs one ``uv pip install -e`` per skill;
+- ``kill``         sessions SIGKILLed every 1.5 s and 3 s on 12 skills: sessions until ready;
+- ``growth-warm``  the warm path for 1, 10, 50, 100 skills;
+- ``growth-cold``  the cold path for 1, 4, 8, 16 skills;
+- ``push``         ``scripts/bench_push.py``'s table (push vs number of files).
+
+Every figure interleaves its variants round by round (rotating the order) and reports medians:
+the machine is shared, so only side-by-side ratios mean anything. Everything runs in a
+temporary HOME with a private uv cache, warmed once (online) and then used offline by every
+variant alike. Usage::
+
+    .venv/bin/python scripts/bench.py [--quick] [--only warm-cli,cold] [--rounds N]
+        [--markdown] [--write] [--chart growth.png] [--save-json results.json] [--uv PATH]
+    python scripts/bench.py --chart-from results.json --chart growth.png   # needs matplotlib
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
+
+# Imported after the sys.path lines, so the script runs from a checkout.
+import bench_growth
+import bench_kill
+from bench_lib import (
+    KERNEL_BOOTSTRAP,
+    REPO,
+    RUNTIME,
+    Settings,
+    Workspace,
+    World,
+    check,
+    cold_pair,
+    interleave,
+    make_world,
+    median,
+    open_workspace,
+    ours_argv,
+    per_call,
+    quartiles,
+    requirements_file,
+    rmtree,
+    settings,
+    settle,
+    skills_only_file,
+    timed,
+    warm_uv_cache,
+)
+from bench_report import Results, Table, Verdict, draw, load_curves, machine, ms, ratio, secs
+from bench_report import write_markdown as write_blocks
+
+FIGURES = ("warm-cli", "inprocess", "cold", "kill", "growth-warm", "growth-cold", "push")
+# Modules the warm path must not import (DESIGN.md §4 measured most of them at 5-100 ms).
+HEAVY = ("structlog", "asyncio", "packaging", "importlib.metadata", "filelock", "tomllib",
+         "json", "argparse", "hashlib", "dataclasses", "typing", "pathlib", "subprocess",
+         "platformdirs", "logging")
+
+
+# --- target 1: warm CLI ------------------------------------------------------------------------
+
+
+def fig_warm_cli(ws: Workspace, s: Settings, out: Results) -> None:
+    world = make_world(ws, "warm-cli", 6)
+    check(ours_argv(world))
+    check(ours_argv(world))  # warm now, and the fingerprint is in place
+    reqs, skills_only = requirements_file(world), skills_only_file(world)
+    uv_noop: list[str | Path] = [ws.uv, "pip", "install", "--python", world.python]
+    # An uncreatable cache dir: no fingerprint can be read or written, so every start does the
+    # full check (config, marker, pyproject hashes): what the fingerprint saves.
+    no_fp = {**os.environ, "XDG_CACHE_HOME": "/proc/kernel-bootstrap-bench-none"}
+    runtime = " ".join(RUNTIME)
+    variants: dict[str, Callable[[], float]] = {
+        "`python -c pass` (the interpreter kernel-bootstrap runs on)":
+            functools.partial(timed, [sys.executable, "-c", "pass"]),
+        "`python -c pass` (the managed venv's)":
+            functools.partial(timed, [world.python, "-c", "pass"]),
+        "`kernel-bootstrap ensure` (warm)": functools.partial(timed, ours_argv(world)),
+        "`kernel-bootstrap ensure`, warm, fingerprint unavailable (full check)":
+            functools.partial(timed, ours_argv(world), no_fp),
+        f"`uv pip install -r reqs.txt` (`{runtime}` + 6 `-e`, no-op)":
+            functools.partial(timed, [*uv_noop, "-r", reqs]),
+        "`uv pip install -r skills.txt` (6 `-e` only, no-op)":
+            functools.partial(timed, [*uv_noop, "-r", skills_only]),
+    }
+    times = interleave(variants, s.fast_rounds)
+    names = list(variants)
+    py, ours, uv = (median(times[names[i]]) for i in (0, 2, 4))
+    rows = []
+    for name in names:
+        med = median(times[name])
+        q1, q3 = quartiles(times[name])
+        rows.append([name, ms(med), f"{ms(q1)}-{ms(q3)}", ratio(med, py), ratio(med, uv)])
+    imports, heavy = import_table(world)
+    out.tables["warm-cli"] = [
+        Table("Target 1: warm `kernel-bootstrap ensure`, 6 Python skills + 1 plain",
+              ["command", "median ms", "IQR ms", "vs python -c pass", "vs uv no-op"], rows,
+              [f"Median of {s.fast_rounds} interleaved rounds; wall time of the whole process "
+               "as a kernel launcher would run it."]),
+        imports]
+    out.verdicts += [
+        Verdict("1. warm CLI vs python -c pass", "<= 2.0x", f"{ours / py:.2f}x "
+                f"({ms(ours)} vs {ms(py)} ms)", ours / py <= 2.0),
+        Verdict("1. warm CLI vs uv no-op", "<= 1.0x", f"{ours / uv:.2f}x "
+                f"({ms(ours)} vs {ms(uv)} ms)", ours / uv <= 1.0),
+        Verdict("1. nothing heavy imported when warm", "none of structlog, asyncio, ...",
+                ", ".join(heavy) or "none", not heavy),
+    ]
+
+
+def import_table(world: World) -> tuple[Table, list[str]]:
+    """What the warm CLI imports beyond a bare interpreter start, from ``-X importtime``."""
+    def imported(*argv: str | Path) -> dict[str, int]:
+        proc = subprocess.run([sys.executable, "-X", "importtime", *map(str, argv)],
+                              capture_output=True, text=True, check=True)
+        found: dict[str, int] = {}
+        for line in proc.stderr.splitlines():
+            m = re.match(r"import time:\s+(\d+) \|\s+(\d+) \|( *)(\S+)", line)
+            if m:
+                found[m.group(4)] = int(m.group(1))
+        return found
+
+    bare = imported("-c", "pass")
+    ours = imported(KERNEL_BOOTSTRAP, *ours_argv(world)[1:])
+    extra = {k: v for k, v in ours.items() if k not in bare}
+    heavy = sorted(k for k in ours if k in HEAVY or k.split(".")[0] in HEAVY)
+    rows = [[f"`{k}`", str(v)] for k, v in extra.items()]
+    return Table("Target 1: modules the warm `ensure` imports beyond `python -c pass`",
+                 ["module", "self µs (one run, -X importtime)"], rows,
+                 [f"{len(extra)} modules, {sum(extra.values())} µs in all. Heavy modules "
+                  f"imported: {', '.join(heavy) or 'none'} (checked: {', '.join(HEAVY)})."]
+                 ), heavy
+
+
+# --- target 2: in-process ----------------------------------------------------------------------
+
+
+def fig_inprocess(ws: Workspace, s: Settings, out: Results) -> None:
+    from bootstrap import warm
+    from bootstrap.config import load_config
+    from bootstrap.engine import ensure
+    from bootstrap.state import assess
+
+    world = make_world(ws, "inprocess", 10)
+    check(ours_argv(world))
+    settle()
+    config = load_config(world.config)
+    if ensure(config).action != "ready":
+        raise RuntimeError("in-process ensure is not warm after a cold CLI run")
+    variants = {
+        "`bootstrap.engine.ensure(config)` (warm)": per_call(lambda: ensure(config)),
+        "`bootstrap.state.assess(config)` (its ready check)": per_call(lambda: assess(config)),
+        "`bootstrap.config.load_config(path)` (once per process, not part of the call)":
+            per_call(lambda: load_config(world.config)),
+        "`bootstrap.warm.check(config_file)` (the CLI's fingerprint check)":
+            per_call(lambda: warm.check(str(world.config))),
+    }
+    times = interleave(variants, s.fast_rounds)
+    rows = [[name, f"{min(v) * 1e6:.0f}", f"{median(v) * 1e6:.0f}"] for name, v in times.items()]
+    first = times[next(iter(times))]
+    out.tables["inprocess"] = [Table(
+        "Target 2: in-process warm `ensure`, 10 Python skills + 1 plain",
+        ["call", "best µs", "median µs"], rows,
+        [f"timeit: {s.fast_rounds} interleaved rounds of ~50 ms of calls each."])]
+    out.verdicts.append(Verdict(
+        "2. in-process warm ensure(), 10 skills", "<= 1 ms",
+        f"median {median(first) * 1e3:.2f} ms, best {min(first) * 1e3:.2f} ms",
+        median(first) <= 1e-3))
+
+
+# --- target 3: cold ----------------------------------------------------------------------------
+
+
+def fig_cold(ws: Workspace, s: Settings, out: Results) -> None:
+    load = os.getloadavg()[0]
+    times = interleave(cold_pair(ws, 8), s.cold_rounds)
+    ours, base = times.values()
+    wall_base, cpu_base = median(t.wall for t in base), median(t.cpu for t in base)
+    rows = []
+    for name, runs in times.items():
+        wall, cpu = median(t.wall for t in runs), median(t.cpu for t in runs)
+        rows.append([name, secs(wall), f"{secs(min(t.wall for t in runs))}-"
+                     f"{secs(max(t.wall for t in runs))}", ratio(wall, wall_base), secs(cpu),
+                     ratio(cpu, cpu_base)])
+    wall_ours, cpu_ours = median(t.wall for t in ours), median(t.cpu for t in ours)
+    out.tables["cold"] = [Table(
+        "Target 3: cold `ensure` of 8 Python skills + 1 plain",
+        ["command", "median wall s", "range s", "wall vs baseline", "median CPU s",
+         "CPU vs baseline"], rows,
+        [f"Median of {s.cold_rounds} interleaved rounds (each takes seconds); fresh skill "
+         f"directories and venv every round; uv's cache warm for hatchling and the runtime "
+         f"(`{' '.join(RUNTIME)}`) on both sides. CPU = user + system time of the whole "
+         f"process tree. Load average {load:.1f} before, {os.getloadavg()[0]:.1f} after, on "
+         f"{os.cpu_count()} cores."])]
+    out.verdicts.append(Verdict(
+        "3. cold ensure, 8 skills, vs one call per skill", "<= 0.5x wall",
+        f"{wall_ours / wall_base:.2f}x wall ({secs(wall_ours)} vs {secs(wall_base)} s); "
+        f"{cpu_ours / cpu_base:.2f}x CPU", wall_ours / wall_base <= 0.5))
+
+
+# --- target 4: kill convergence ----------------------------------------------------------------
+
+
+def fig_kill(ws: Workspace, s: Settings, out: Results) -> None:
+    trials = bench_kill.run(ws, (1.5, 3.0), s.kill_trials, 12)
+    out.tables["kill"] = bench_kill.tables(trials, 12)
+    out.verdicts += bench_kill.verdicts(trials)
+
+
+RUNNERS: dict[str, Callable[[Workspace, Settings, Results], None]] = {  # in FIGURES order
+    "warm-cli": fig_warm_cli, "inprocess": fig_inprocess, "cold": fig_cold, "kill": fig_kill,
+    "growth-warm": bench_growth.fig_growth_warm, "growth-cold": bench_growth.fig_growth_cold,
+    "push": bench_growth.fig_push,
+}
+
+
+# --- main --------------------------------------------------------------------------------------
+
+
+def parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--only", default=",".join(FIGURES),
+                        help=f"comma-separated figures (default: all of {', '.join(FIGURES)})")
+    parser.add_argument("--quick", action="store_true", help="few rounds: a smoke run")
+    parser.add_argument("--rounds", type=int, metavar="N", help="rounds (trials) per figure")
+    parser.add_argument("--markdown", action="store_true", help="print Markdown tables")
+    parser.add_argument("--write", action="store_true", help="update BENCHMARKS.md")
+    parser.add_argument("--chart", type=Path, metavar="PNG", help="draw the growth curves")
+    parser.add_argument("--chart-from", type=Path, metavar="JSON",
+                        help="only draw --chart from a --save-json file (needs matplotlib)")
+    parser.add_argument("--save-json", type=Path, metavar="JSON", help="save all results")
+    parser.add_argument("--uv", type=Path, default=Path(sys.executable).parent / "uv",
+                        help="the real uv (default: the one beside this interpreter)")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary workspace")
+    args = parser.parse_args(argv)
+    args.figures = [f.strip() for f in args.only.split(",") if f.strip()]
+    unknown = [f for f in args.figures if f not in RUNNERS]
+    if unknown:
+        parser.error(f"unknown figure {unknown[0]!r} (known: {', '.join(FIGURES)})")
+    if args.chart_from and not args.chart:
+        parser.error("--chart-from needs --chart PNG")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse(argv)
+    if args.chart_from:
+        print(draw(load_curves(args.chart_from), args.chart), file=sys.stderr)
+        return 0
+    s = settings(args.quick, args.rounds)
+    out = Results()
+    started = time.monotonic()
+    tmp = Path(tempfile.mkdtemp(prefix="kb-bench-"))
+    try:
+        ws = open_workspace(tmp, args.uv.resolve())
+        header = machine(ws.uv)
+        print("\n".join(header), file=sys.stderr)
+        warm_uv_cache(ws)
+        for name in args.figures:
+            t0 = time.monotonic()
+            RUNNERS[name](ws, s, out)
+            print(f"[{name}: {time.monotonic() - t0:.0f} s]", file=sys.stderr)
+            for table in out.tables[name]:
+                print(table.render(args.markdown))
+    finally:
+        if args.keep:
+            print(f"workspace kept: {tmp}", file=sys.stderr)
+        else:
+            rmtree(tmp)
+    print(out.summary().render(args.markdown))
+    print(f"[all: {time.monotonic() - started:.0f} s]", file=sys.stderr)
+    if args.save_json:
+        out.save(args.save_json)
+    if args.chart:
+        print(draw(out.curves, args.chart, args.save_json), file=sys.stderr)
+    if args.write:
+        mode = "`--quick` run" if s.quick else "full run"
+        blocks = {"machine": "\n".join([*header, f"- {mode}, {time.strftime('%Y-%m-%d')}, "
+                                        f"{time.monotonic() - started:.0f} s"])}
+        if set(args.figures) == set(FIGURES):
+            blocks["summary"] = out.summary().render(True)
+        blocks.update({n: "\n".join(t.render(True) for t in out.tables[n])
+                       for n in args.figures})
+        write_blocks(REPO / "BENCHMARKS.md", blocks)
+        print("BENCHMARKS.md updated", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
