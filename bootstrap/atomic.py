@@ -17,6 +17,24 @@ import time
 from pathlib import Path
 from typing import Final
 
+from bootstrap.errors import BootstrapError
+
+
+class DiskError(BootstrapError, OSError):
+    """A failed write or swap, with a message that names what failed and what was kept.
+
+    Still an OSError with the errno, so code that handled the bare OSError still does; the CLI
+    prints it as one line (exit 1), as for every BootstrapError.
+    """
+
+    def __init__(self, message: str, cause: OSError) -> None:
+        super().__init__(message)
+        self.errno = cause.errno
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
 WRITE_ATTEMPTS: Final = 3
 RETRY_DELAY: Final = 0.05
 _RENAME_EXCHANGE: Final = 2
@@ -57,14 +75,29 @@ def write_atomic(path: Path, data: bytes, *, attempts: int = WRITE_ATTEMPTS) -> 
                 _write_file(tmp, data)
                 os.replace(tmp, path)
                 break
-            except OSError:
-                if attempt == attempts:
+            except OSError as e:
+                if attempt < attempts:
+                    time.sleep(RETRY_DELAY)
+                    continue
+                if e.errno is None:
                     raise
-                time.sleep(RETRY_DELAY)
+                raise _naming(e, path) from e
     finally:
         if tmp.exists():
             _unlink_quietly(tmp)
-    fsync_dir(path.parent)
+    try:
+        fsync_dir(path.parent)
+    except OSError as e:
+        if e.errno is None:
+            raise
+        raise _naming(e, path.parent) from e
+
+
+def _naming(e: OSError, path: Path) -> OSError:
+    """``e`` about ``path``: os.write and os.fsync name no file at all, and the temp file a
+    failed replace names is gone by the time anyone reads the message (a full disk used to
+    print "[Errno 28] No space left on device" and nothing else)."""
+    return OSError(e.errno, e.strerror, str(path))  # keeps the subclass: PermissionError, ...
 
 
 def _write_file(path: Path, data: bytes) -> None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal, TypedDict
 
-from bootstrap.atomic import write_atomic
+from bootstrap.atomic import DiskError, write_atomic
 from bootstrap.identity import SCHEMA
 
 MARKER_NAME: Final = ".bootstrap-version"
@@ -168,9 +168,22 @@ def base_marker(runtime: RuntimeRecord) -> MarkerData:
 
 
 def write_marker(venv: Path, data: MarkerData) -> None:
+    """Replace the marker atomically; a failure is a DiskError that says what to do.
+
+    Whatever fails (a full disk, EIO, a denied replace), the marker on disk is the previous
+    one, whole, or the new one: what was recorded before is never lost.
+    """
     data["updated"] = time.time()
     blob = json.dumps(data, indent=1, sort_keys=True).encode() + b"\n"
-    write_atomic(marker_path(venv), blob)
+    path = marker_path(venv)
+    try:
+        write_atomic(path, blob)
+    except OSError as e:
+        raise DiskError(
+            f"could not write the marker {path}: {e.strerror or e}. Nothing it recorded "
+            "before is lost; free some space (or fix the permissions), then run "
+            "`kernel-bootstrap ensure` again", e
+        ) from e
 
 
 def merge_skills(venv: Path, runtime: RuntimeRecord, changes: SkillChanges) -> MarkerData:

@@ -8,6 +8,7 @@ replace removed the venv first; a failed rebuild then left its user with no kern
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import secrets
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Final
 
 from bootstrap import log
-from bootstrap.atomic import exchange, fsync_dir, write_atomic
+from bootstrap.atomic import DiskError, exchange, fsync_dir, write_atomic
 from bootstrap.errors import BootstrapError
 from bootstrap.marker import MARKER_NAME
 
@@ -92,16 +93,39 @@ def swap_into_place(staged: Path, live: Path) -> str:
     renames the old one aside first and keeps a journal so that a kill between the two renames
     is finished or rolled back by :func:`recover` on the next start.
     """
-    if not os.path.lexists(live):
-        os.rename(staged, live)
-        fsync_dir(live.parent)
-        return "rename"
-    if exchange(staged, live):
-        fsync_dir(live.parent)
+    had_venv = os.path.lexists(live)
+    try:
+        if not had_venv:
+            os.rename(staged, live)
+            method = "rename"
+        elif exchange(staged, live):
+            method = "exchange"
+        else:
+            _rename_aside(staged, live)
+            return "rename-aside"
+    except OSError as e:
+        # A bare "[Errno 5] Input/output error: '.venv.stage-…' -> 'venv'" said neither what
+        # failed nor what was left.
+        left = "the old venv is unchanged" if had_venv else "nothing was created there"
+        if had_venv and not os.path.lexists(live):
+            left = "the old venv is beside it; the next `kernel-bootstrap ensure` puts it back"
+        raise DiskError(f"could not move the new venv into place at {live}: {e.strerror or e}; "
+                        f"{left}. Run `kernel-bootstrap ensure` again once that is fixed.",
+                        e) from e
+    _synced_after_swap(live)
+    if method == "exchange":
         _retire(staged, live)
-        return "exchange"
-    _rename_aside(staged, live)
-    return "rename-aside"
+    return method
+
+
+def _synced_after_swap(live: Path) -> None:
+    # The new venv is in place and in use from here on: a failing directory fsync must not
+    # fail (and, in the engine, remove) a rebuild that has happened. Say so instead.
+    try:
+        fsync_dir(live.parent)
+    except OSError as e:
+        log.warning("the new venv is in place, but its directory could not be synced; the swap "
+                    "may not survive a power loss", venv=str(live), error=str(e))
 
 
 def _rename_aside(staged: Path, live: Path) -> None:
@@ -113,10 +137,11 @@ def _rename_aside(staged: Path, live: Path) -> None:
     except OSError as e:
         journal.unlink(missing_ok=True)
         # Windows refuses to rename a directory while a process runs from it.
+        busy = isinstance(e, PermissionError) or e.errno == errno.EBUSY
+        hint = "Is a kernel running from it? Stop it and" if busy else "Fix that and"
         raise BootstrapError(
             f"could not move the old venv {live} aside to swap the new one in: {e.strerror}. "
-            "Is a kernel running from it? Stop it and run `kernel-bootstrap ensure` again; "
-            "the old venv is unchanged."
+            f"{hint} run `kernel-bootstrap ensure` again; the old venv is unchanged."
         ) from e
     try:
         os.rename(staged, live)
@@ -126,7 +151,7 @@ def _rename_aside(staged: Path, live: Path) -> None:
         os.rename(aside, live)
         journal.unlink(missing_ok=True)
         raise
-    fsync_dir(live.parent)
+    _synced_after_swap(live)
     journal.unlink()
     _remove_tree(aside)
 

@@ -3,37 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import kill_group, start, wait_for
 from tests.world import World
-
-
-def start(world: World, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    # A process group of its own, so the kill takes uv (fake or real) down with it, as a
-    # sandbox teardown would.
-    return subprocess.Popen(world.command("ensure", *args), env={**world.env, **(env or {})},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-
-
-def wait_for(predicate: object, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return
-        time.sleep(0.02)
-    raise AssertionError("condition not reached in time")
-
-
-def kill_group(proc: subprocess.Popen[str]) -> None:
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=10)
 
 
 def hanging_on(world: World, name: str) -> bool:

@@ -17,7 +17,7 @@ import pytest
 
 from bootstrap.errors import BootstrapError
 from bootstrap.venv import interpreter, recover, staging_path, swap_into_place
-from tests.test_crash import kill_group, start, wait_for
+from tests.helpers import kill_group, start, wait_for
 from tests.world import World
 
 NEW_RUNTIME = ["requests>=2", "six"]
