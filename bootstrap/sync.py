@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, cast
 
-from bootstrap import log
+from bootstrap import log, progress
 from bootstrap.config import Config
 from bootstrap.errors import UvError
 from bootstrap.marker import (
@@ -88,7 +88,8 @@ class _Sync:
 
     def fail(self, skill: PythonSkill, error: str) -> None:
         log.warning("skill failed to install", skill=skill.name, path=str(skill.skill.path),
-                    error=error, hint="fix it, then run `kernel-bootstrap ensure` or `repair`")
+                    error=error, hint="fix the skill and run `kernel-bootstrap ensure` again (or "
+                         "`kernel-bootstrap repair` to verify the whole venv)")
         failure: FailedRecord = {"path": str(skill.skill.path), "pyproject": skill.hash,
                                  "error": error}
         self.record(SkillChanges(failed={skill.name: failure}))
@@ -185,6 +186,7 @@ def _remove_unconfigured(sync: _Sync, recorded: dict[str, SkillRecord]) -> None:
 def _install_pending(sync: _Sync, pending: list[PythonSkill], size: int) -> None:
     names = [s.name for s in pending]
     log.info("installing skills", count=len(pending), skills=names)
+    progress.step(f"installing {len(pending)} skill{'s' if len(pending) != 1 else ''}")
     remaining = dependency_order(pending, sync.by_project)
     first = True
     while remaining:
@@ -204,9 +206,14 @@ def _install_pending(sync: _Sync, pending: list[PythonSkill], size: int) -> None
             sync.install(group, what=f"uv could not install skills {landing_names}")
         except UvError as e:
             sync.note_attempt(None)
-            log.warning("skill group failed; installing one by one to find the bad ones",
-                        skills=[s.name for s in landing], error=e.tail)
-            _isolate(sync, landing)
+            if len(group) == 1:
+                # That call was the skill alone: isolating it would only repeat it.
+                sync.fail(landing[0], e.tail or str(e))
+            else:
+                log.warning("skill group failed; installing one by one to find the bad ones",
+                            skills=[s.name for s in landing], error=e.tail)
+                progress.note("isolating a failed group")
+                _isolate(sync, landing)
         else:
             sync.land(landing)
         remaining = [s for s in remaining if s not in landing]

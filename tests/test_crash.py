@@ -94,3 +94,18 @@ def test_concurrent_cold_starts_build_once_and_install_each_skill_once(world: Wo
     assert len(world.venv_calls()) == 1
     installed = [e for c in world.installs() for e in world.editables(c)]
     assert sorted(installed) == ["alpha", "beta", "gamma"]
+
+
+def test_after_a_kill_inside_a_group_the_next_session_installs_in_halves(world: World) -> None:
+    world.ensure()
+    for name in ("gamma", "delta", "epsilon", "zeta"):
+        world.skill(name)
+    proc = start(world, env={"FAKE_UV_HANG": "zeta"})
+    wait_for(lambda: hanging_on(world, "zeta"))
+    kill_group(proc)
+    world.clear_log()
+    out = json.loads(world.ensure("--json").stdout)
+    assert sorted(out["installed"]) == ["delta", "epsilon", "gamma", "zeta"]
+    groups = [world.editables(c) for c in world.installs()]
+    assert [len(g) for g in groups] == [2, 2], groups
+    assert "attempt" not in world.marker()

@@ -265,3 +265,12 @@ def test_warm_path_sees_a_new_skill_matching_the_glob(world: World) -> None:
     world.skill("gamma")
     out = json.loads(world.ensure("--json").stdout)
     assert out["installed"] == ["gamma"]
+
+
+def test_a_failing_skill_installed_alone_is_not_tried_twice(world: World) -> None:
+    world.ensure()
+    world.clear_log()
+    world.skill("beta", version="0.2.0")
+    result = world.ensure("--json", env={"FAKE_UV_FAIL": "beta"})
+    assert [f["name"] for f in json.loads(result.stdout)["failed"]] == ["beta"]
+    assert len(world.installs()) == 1

@@ -130,8 +130,6 @@ def test_status_after_a_failed_skill_says_what_to_run(world: World) -> None:
     assert "kernel-bootstrap repair" in result.stdout
 
 
-@pytest.mark.xfail(strict=True, reason="proposed wording for bootstrap/sync.py, see the report: "
-                   "the hint should name the full command `kernel-bootstrap repair`")
 def test_a_failed_skill_hint_names_the_full_repair_command(world: World) -> None:
     result = world.ensure("--log-format", "console", env={"FAKE_UV_FAIL": "alpha"})
     assert "`kernel-bootstrap repair`" in result.stderr
