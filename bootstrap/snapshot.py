@@ -18,15 +18,17 @@ import hashlib
 import json
 import os
 import tarfile
+import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import IO, Any, Final
 
 from bootstrap import log, process
 from bootstrap.atomic import fsync_dir, temp_name
 from bootstrap.config import Config
-from bootstrap.errors import BootstrapError
+from bootstrap.errors import BootstrapError, ProcessError
 from bootstrap.identity import runtime_inputs
 from bootstrap.marker import RuntimeRecord, read_marker, write_marker
 from bootstrap.uv import Uv
@@ -123,23 +125,20 @@ class Store:
     def restore(self, key: str, into: Path, platform: Platform) -> Path:
         """Extract the snapshot for ``key`` under ``into``; return the venv tree's path.
 
-        Every member is vetted first (one pass over the headers), then the same open file is
-        extracted, by the system ``tar`` where there is one: tarfile's own extraction with its
-        safety filter costs a realpath per member, ~2x the physical copy for a venv of 8k files.
-        Raises BadSnapshot (naming the archive) for anything that makes it unusable.
+        Each member is vetted before the system ``tar`` is given its bytes, so vetting and
+        extracting overlap and an unsafe member never reaches ``tar``. (tarfile's own extraction
+        with its safety filter costs a realpath per member, ~2x the physical copy for a venv of
+        8k files.) Raises BadSnapshot (naming the archive) for anything that makes it unusable.
         """
         archive = self.path_for(key)
         try:
-            with archive.open("rb") as f:
-                with tarfile.open(fileobj=f, mode="r:") as tar:
-                    manifest = _manifest(tar, archive)
-                    if manifest.get("key") != key or \
-                            manifest.get("platform") != platform.as_dict():
-                        raise BadSnapshot(f"{archive}: built for another key or platform")
-                    members = _vet(tar, archive)
+            with archive.open("rb") as f, archive.open("rb") as raw, \
+                    tarfile.open(fileobj=f, mode="r:") as tar:
+                manifest = _manifest(tar, archive)
+                if manifest.get("key") != key or manifest.get("platform") != platform.as_dict():
+                    raise BadSnapshot(f"{archive}: built for another key or platform")
                 into.mkdir(parents=True)
-                f.seek(0)
-                _extract(f, into, members)
+                _extract_vetted(tar, raw, into, archive)
         except (tarfile.TarError, OSError, EOFError, ValueError) as e:
             raise BadSnapshot(f"{archive}: unreadable archive: {e}") from None
         venv = into / TOP
@@ -215,7 +214,7 @@ def _manifest(tar: tarfile.TarFile, archive: Path) -> dict[str, Any]:
     return data
 
 
-def _vet(tar: tarfile.TarFile, archive: Path) -> list[tarfile.TarInfo]:
+def _vetted(tar: tarfile.TarFile, archive: Path) -> Iterator[tarfile.TarInfo]:
     """Every member, refusing the archive if any could write outside the venv tree.
 
     Judged lexically (no realpath): names stay under ``venv/`` with no ``..``; only files,
@@ -223,7 +222,6 @@ def _vet(tar: tarfile.TarFile, archive: Path) -> list[tarfile.TarInfo]:
     stay inside, and the only absolute links are the venv's own ``bin/python*`` pointing at its
     base interpreter (a venv cannot work without those).
     """
-    members: list[tarfile.TarInfo] = []
     links: set[str] = set()
     for member in tar:
         if member.name == MANIFEST and member.isfile():
@@ -233,8 +231,7 @@ def _vet(tar: tarfile.TarFile, archive: Path) -> list[tarfile.TarInfo]:
             raise BadSnapshot(f"{archive}: unsafe member {member.name!r}: {problem}")
         if member.issym() or member.islnk():
             links.add(member.name)
-        members.append(member)
-    return members
+        yield member
 
 
 def _member_problem(member: tarfile.TarInfo, links: set[str]) -> str | None:
@@ -260,17 +257,51 @@ def _member_problem(member: tarfile.TarInfo, links: set[str]) -> str | None:
     return None
 
 
-def _extract(f: Any, into: Path, members: list[tarfile.TarInfo]) -> None:
+def _extract_vetted(tar: tarfile.TarFile, raw: IO[bytes], into: Path, archive: Path) -> None:
+    """Feed ``tar -x`` the archive's bytes member by member, each only once it is vetted."""
     import shutil
+    import subprocess
 
     tar_exe = shutil.which("tar")
-    if tar_exe:
-        # -p keeps exec bits under any umask; -o does not chown to the archive's owners.
-        process.run(tar_exe, "-x", "-p", "-o", "-f", "-", "-C", into, stdin=f,
-                    what="tar could not extract the snapshot")
-        return
-    with tarfile.open(fileobj=f, mode="r:") as tar:
+    if tar_exe is None:
+        members = list(_vetted(tar, archive))
         tar.extractall(into, members=members, filter="fully_trusted")  # vetted above
+        return
+    # -p keeps exec bits under any umask; -o does not chown to the archive's owners. Not
+    # process.run: we write its stdin while we parse, which run() cannot do.
+    argv = (tar_exe, "-x", "-p", "-o", "-f", "-", "-C", str(into))
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stderr=err,
+                                env=process.child_env())
+        assert proc.stdin is not None
+        try:
+            sent = 0
+            for member in _vetted(tar, archive):
+                end = member.offset_data + -(-member.size // tarfile.BLOCKSIZE) * \
+                    tarfile.BLOCKSIZE
+                _copy(raw, proc.stdin, end - sent)
+                sent = end
+            shutil.copyfileobj(raw, proc.stdin, 1 << 20)  # the end-of-archive blocks
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass  # tar stopped reading; its exit code and stderr say why
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+        if proc.wait() != 0:
+            err.seek(0)
+            raise ProcessError(argv, proc.returncode, err.read().decode(errors="replace"),
+                               "tar could not extract the snapshot")
+
+
+def _copy(src: IO[bytes], dst: IO[bytes], n: int) -> None:
+    while n > 0:
+        chunk = src.read(min(n, 1 << 20))
+        if not chunk:
+            raise EOFError("archive ends inside a member")
+        dst.write(chunk)
+        n -= len(chunk)
 
 
 def _describe(path: Path) -> Snapshot:

@@ -1,0 +1,115 @@
+"""Snapshot restore vs a full build, each with an EMPTY uv cache (a fresh fleet sandbox).
+
+    .venv/bin/python scripts/bench_snapshot.py [--rounds 5] [--markdown]
+
+Side by side in one run, interleaved round by round, medians and ratios:
+  - cold `ensure` into a fresh venv path, empty uv cache, full build (uv venv + runtime from
+    PyPI + 6 Python skills built with hatchling from PyPI);
+  - the same with a snapshot store holding this runtime: restore instead of building;
+  - our restore vs plain `tar -x` of the same archive (our overhead on the physical copy).
+Everything lives in a temporary directory: HOME, XDG dirs and UV_CACHE_DIR point there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_lib import make_skill
+
+BIN = Path(sys.executable).parent
+RUNTIME = ["ipykernel>=6"]
+SKILLS = 6
+
+
+def make_skills(root: Path) -> None:
+    for i in range(SKILLS):
+        make_skill(root, f"skill-{i}")
+
+
+def ensure(config: Path, venv: Path, cache: Path, env: dict[str, str]) -> float:
+    run_env = {**env, "KERNEL_BOOTSTRAP_VENV": str(venv), "UV_CACHE_DIR": str(cache)}
+    started = time.perf_counter()
+    done = subprocess.run([str(BIN / "kernel-bootstrap"), "ensure", "--json", "-q",
+                           "--config", str(config)], env=run_env, capture_output=True,
+                          text=True, check=False)
+    elapsed = time.perf_counter() - started
+    if done.returncode != 0:
+        raise SystemExit(f"ensure failed:\n{done.stderr}")
+    return elapsed
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--markdown", action="store_true")
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="kb-bench-snapshot-"))
+    try:
+        return run(root, args.rounds, args.markdown)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def run(root: Path, rounds: int, markdown: bool) -> int:
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    for var, sub in (("HOME", "home"), ("XDG_CACHE_HOME", "cache"), ("XDG_DATA_HOME", "data")):
+        env[var] = str(root / sub)
+    env["KERNEL_BOOTSTRAP_UV"] = str(BIN / "uv")
+    make_skills(root / "skills")
+    store = root / "store"
+    base = {"requirements": RUNTIME, "skills": ["skills/*"]}
+    plain, snap = root / "full.toml", root / "snap.toml"
+    plain.write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in base.items()))
+    snap.write_text(plain.read_text() + f"snapshots = {json.dumps(str(store))}\n")
+    # Bake the store once (not timed), as a fleet would before starting sandboxes.
+    ensure(snap, root / "bake", root / "bake-cache", env)
+    [archive] = list(store.glob("*.tar"))
+    times: dict[str, list[float]] = {"full build": [], "restore": [], "tar -x": []}
+    for r in range(rounds):
+        times["full build"].append(ensure(plain, root / f"full-{r}", root / f"c-full-{r}", env))
+        times["restore"].append(ensure(snap, root / f"snap-{r}", root / f"c-snap-{r}", env))
+        target = root / f"tar-{r}"
+        target.mkdir()
+        started = time.perf_counter()
+        subprocess.run(["tar", "-x", "-f", str(archive), "-C", str(target)], check=True)
+        times["tar -x"].append(time.perf_counter() - started)
+        print(f"round {r + 1}/{rounds}: " + ", ".join(f"{k} {v[-1]:.2f}s"
+                                                      for k, v in times.items()),
+              file=sys.stderr)
+    medians = {k: statistics.median(v) for k, v in times.items()}
+    full = medians["full build"]
+    rows = [
+        ("cold ensure, full build (empty uv cache)", medians["full build"], 1.0),
+        ("cold ensure, restore from snapshot (empty uv cache)", medians["restore"],
+         medians["restore"] / full),
+        ("plain `tar -x` of the same archive", medians["tar -x"], medians["tar -x"] / full),
+    ]
+    size = archive.stat().st_size
+    overhead = medians["restore"] / medians["tar -x"]
+    if markdown:
+        print(f"\nruntime {RUNTIME} + {SKILLS} Python skills; {rounds} interleaved rounds, "
+              f"medians; archive {size / 1e6:.1f} MB\n")
+        print("| variant | median s | vs full build |\n|---|---:|---:|")
+        for label, value, ratio in rows:
+            print(f"| {label} | {value:.2f} | {ratio:.3f}x |")
+        print(f"\nrestore / `tar -x`: {overhead:.2f}x (interpreter start, validation, swap, "
+              "marker)")
+    else:
+        for label, value, ratio in rows:
+            print(f"{label:<55} {value:7.2f} s  {ratio:6.3f}x")
+        print(f"archive size: {size / 1e6:.1f} MB; restore / tar -x = {overhead:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
