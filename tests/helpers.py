@@ -405,31 +405,34 @@ def read_trace(path: Path) -> list[dict[str, Any]]:
         return []
 
 
+# Linux carries a process's memory high-water mark across fork and exec into the child's
+# ru_maxrss, so a child started straight from a pytest process that has grown to 250 MB reports
+# >= 250 MB whatever it used itself (seen in CI, not in a short local run). A small launcher
+# process starts the measured command and reports its wait4 figures instead.
+_RSS_LAUNCHER = """
+import json, os, subprocess, sys
+proc = subprocess.Popen(json.loads(sys.argv[1]), stdout=subprocess.DEVNULL)
+_, status, usage = os.wait4(proc.pid, 0)
+print(json.dumps([os.waitstatus_to_exitcode(status), usage.ru_maxrss]))
+"""
+
+
 def peak_rss_run(argv: Sequence[str], env: dict[str, str], timeout: float = 600.0
                  ) -> tuple[int, float, int, str]:
     """Run ``argv``; return (exit code, wall seconds, peak RSS in bytes, stderr).
 
-    The peak comes from ``os.wait4``: the child's own maximum resident set (Linux counts its
-    waited-for children in too, e.g. the ``sh``/``tar`` of an exec push).
+    The peak comes from ``os.wait4`` in a small launcher (see above): the child's own maximum
+    resident set (Linux counts its waited-for children in too, e.g. the ``sh``/``tar`` of an
+    exec push).
     """
-    import tempfile
     import time
 
-    with tempfile.TemporaryFile() as err:
-        began = time.monotonic()
-        proc = subprocess.Popen(list(argv), env=env, stdout=subprocess.DEVNULL, stderr=err)
-        deadline = began + timeout
-        while True:
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.monotonic() > deadline:
-                proc.kill()
-                raise AssertionError(f"{argv[:4]} did not finish within {timeout} s")
-            time.sleep(0.01)
-        wall = time.monotonic() - began
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        err.seek(0)
-        stderr = err.read().decode(errors="replace")
+    began = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", _RSS_LAUNCHER, json.dumps(list(argv))],
+                          env=env, capture_output=True, text=True, timeout=timeout, check=False)
+    wall = time.monotonic() - began
+    if done.returncode != 0 or not done.stdout.strip():
+        raise AssertionError(f"the RSS launcher failed: {done.stderr[-2000:]}")
+    code, maxrss = json.loads(done.stdout.strip().splitlines()[-1])
     scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB elsewhere
-    return proc.returncode, wall, usage.ru_maxrss * scale, stderr
+    return int(code), wall, int(maxrss) * scale, done.stderr

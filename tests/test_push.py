@@ -8,7 +8,6 @@ import json
 import os
 import shutil
 import stat
-import subprocess
 import sys
 import tempfile
 import time
@@ -22,7 +21,7 @@ from bootstrap.cli import main
 from bootstrap.push import push, push_sync
 from bootstrap.runtimes import PushedSkill, PushReport, runtime_for
 from bootstrap.skilltree import SkillTree
-from tests.helpers import make_skill
+from tests.helpers import make_skill, peak_rss_run
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -353,13 +352,11 @@ def test_pushing_300_mib_keeps_peak_rss_under_120_mib(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     start = time.monotonic()
 
-    proc = subprocess.Popen([sys.executable, "-m", "bootstrap", "push", str(src), "--dest",
-                             str(dest), "--exec", "env"], env=env, stdout=subprocess.DEVNULL)
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
+    code, _, peak, stderr = peak_rss_run([sys.executable, "-m", "bootstrap", "push", str(src),
+                                          "--dest", str(dest), "--exec", "env"], env)
 
-    assert proc.returncode == 0
-    peak_mib = usage.ru_maxrss / 1024  # KiB on Linux
+    assert code == 0, stderr
+    peak_mib = peak / (1 << 20)
     print(f"peak RSS pushing 300 MiB: {peak_mib:.1f} MiB in {time.monotonic() - start:.1f} s")
     assert peak_mib < 120
     assert (dest / "huge/data.bin").stat().st_size == 300 << 20
