@@ -67,7 +67,10 @@ def ensure(config: Config, *, lock_timeout: float = 300.0, force: bool = False,
     if found.ready and not force and not reinstall:
         _remember(config, config_stamps + venv_stamps)
         return EnsureResult(found.python, config.venv, "ready")
-    validate_requirements(config)
+    if force or not found.base_current:
+        # Only a rebuild reads the requirements; a current runtime's were valid when it was
+        # built (its identity covers them). Checked before the lock so nothing is created.
+        validate_requirements(config)
     with lock.hold(config.venv, lock_timeout):
         # Only here, under the lock: a staging tree is a leftover only if its builder is gone.
         recover(config.venv)
@@ -85,6 +88,7 @@ def ensure(config: Config, *, lock_timeout: float = 300.0, force: bool = False,
             runtime = found.marker.data["runtime"]
             progress.start(skills_step)
         else:
+            validate_requirements(config)  # cheap when done already; the state may have moved
             _say_why_rebuild(found, force)
             progress.start(2 + bool(config.requirements) + skills_step)
             snapshots = snapshot.plan(config, uv)
