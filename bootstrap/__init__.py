@@ -19,7 +19,7 @@ _LAZY = {
     "load_config": "bootstrap.config",
     "ensure": "bootstrap.engine",
     "EnsureResult": "bootstrap.engine",
-    "status": "bootstrap.state",
+    "status": "bootstrap.state:assess",
     "repair": "bootstrap.repair",
     "publish": "bootstrap.publish",
     "push": "bootstrap.push",
@@ -54,9 +54,11 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str) -> object:
-    module = _LAZY.get(name)
-    if module is None:
+    target = _LAZY.get(name)
+    if target is None:
         raise AttributeError(f"module 'bootstrap' has no attribute {name!r}")
     import importlib
 
-    return getattr(importlib.import_module(module), name)
+    # "module:attr" where the public name differs from the module's own.
+    module, _, attr = target.partition(":")
+    return getattr(importlib.import_module(module), attr or name)

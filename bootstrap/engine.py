@@ -21,7 +21,7 @@ from bootstrap import lock, log, process, progress, snapshot, warm
 from bootstrap.config import Config, validate_requirements
 from bootstrap.errors import BootstrapError, ConfigError
 from bootstrap.identity import identity_of, runtime_inputs
-from bootstrap.marker import RuntimeRecord, base_marker, marker_path, read_marker, write_marker
+from bootstrap.marker import RuntimeRecord, base_marker, marker_path, write_marker
 from bootstrap.skillmd import SKILL_FILE
 from bootstrap.state import Assessment, assess
 from bootstrap.sync import sync_skills
@@ -240,8 +240,3 @@ def _validate(staged: Path, config: Config) -> str:
 def _head(path: Path, lines: int) -> list[bytes]:
     with path.open("rb") as f:
         return [f.readline(1024) for _ in range(lines)]
-
-
-def current_marker_runtime(config: Config) -> RuntimeRecord | None:
-    data = read_marker(config.venv).data
-    return data["runtime"] if data else None
