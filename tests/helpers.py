@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import json
@@ -11,6 +12,10 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -436,3 +441,24 @@ def peak_rss_run(argv: Sequence[str], env: dict[str, str], timeout: float = 600.
     code, maxrss = json.loads(done.stdout.strip().splitlines()[-1])
     scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB elsewhere
     return int(code), wall, int(maxrss) * scale, done.stderr
+
+
+@contextlib.contextmanager
+def sampling(classify: Callable[[], str], pause: float = 0.0) -> Iterator[Counter[str]]:
+    """A reader thread counting ``classify()`` results continuously until the block ends."""
+    counts: Counter[str] = Counter()
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.is_set():
+            counts[classify()] += 1
+            if pause:
+                time.sleep(pause)
+
+    reader = threading.Thread(target=loop, daemon=True)
+    reader.start()
+    try:
+        yield counts
+    finally:
+        stop.set()
+        reader.join()

@@ -6,7 +6,6 @@ The incident behind all of this: an agent read a skill directory that had no SKI
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import hashlib
 import json
@@ -18,8 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -30,6 +28,7 @@ import bootstrap.skilltree as skilltree
 from bootstrap.cli import main
 from bootstrap.publish import gc_publish_state, publish, state_dir
 from bootstrap.skilltree import load_skill_tree, tree_hash
+from tests.helpers import sampling
 
 REPO = Path(bootstrap.__file__).resolve().parents[1]
 V1 = ("SKILL.md", "a.txt", "b.txt", "sub/c.txt")
@@ -230,25 +229,6 @@ def classify(live: Path) -> str:
 
 
 
-@contextlib.contextmanager
-def sampling(live: Path) -> Iterator[Counter[str]]:
-    """A reader thread classifying ``live`` continuously until the block ends."""
-    counts: Counter[str] = Counter()
-    stop = threading.Event()
-
-    def loop() -> None:
-        while not stop.is_set():
-            counts[classify(live)] += 1
-
-    reader = threading.Thread(target=loop, daemon=True)
-    reader.start()
-    try:
-        yield counts
-    finally:
-        stop.set()
-        reader.join()
-
-
 def republish_alternating(root: Path, v1: Path, v2: Path, times: int = 24) -> set[str]:
     methods = set()
     for i in range(times):
@@ -259,7 +239,7 @@ def republish_alternating(root: Path, v1: Path, v2: Path, times: int = 24) -> se
 
 def test_readers_never_see_a_partial_or_missing_tree(root: Path, v1: Path, v2: Path) -> None:
     publish([v1], root)
-    with sampling(root / "demo") as counts:
+    with sampling(lambda: classify(root / "demo")) as counts:
         methods = republish_alternating(root, v1, v2)
     print(f"reader samples with {methods}: {dict(counts)}")
     assert counts["v1"] and counts["v2"], f"the reader did not see both versions: {counts}"
@@ -270,7 +250,7 @@ def test_readers_never_see_a_partial_or_missing_tree(root: Path, v1: Path, v2: P
 @pytest.mark.usefixtures("no_exchange")
 def test_rename_aside_fallback_never_shows_a_mixed_tree(root: Path, v1: Path, v2: Path) -> None:
     publish([v1], root)
-    with sampling(root / "demo") as counts:
+    with sampling(lambda: classify(root / "demo")) as counts:
         methods = republish_alternating(root, v1, v2)
     assert methods == {"rename-aside"}
     # Honest about the fallback: between its two renames ROOT/demo does not exist, so a reader
@@ -291,7 +271,7 @@ def test_concurrent_publishers_are_serialised(root: Path, v1: Path, v2: Path) ->
         except BaseException as e:  # report in the main thread
             errors.append(e)
 
-    with sampling(root / "demo") as counts:
+    with sampling(lambda: classify(root / "demo")) as counts:
         threads = [threading.Thread(target=publisher, args=(s,)) for s in (v1, v2)]
         for t in threads:
             t.start()

@@ -10,14 +10,12 @@ rounds of each.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shlex
 import stat
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -26,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from bootstrap.publish import publish, state_dir
-from tests.helpers import spawn, start
+from tests.helpers import sampling, spawn, start
 from tests.world import World
 
 STRESS = bool(os.environ.get("KB_STRESS"))
@@ -129,25 +127,6 @@ def _versions(fd: int) -> Iterator[str]:
                 os.close(f)
 
 
-@contextlib.contextmanager
-def sampling(live: Path) -> Iterator[Counter[str]]:
-    counts: Counter[str] = Counter()
-    stop = threading.Event()
-
-    def loop() -> None:
-        while not stop.is_set():
-            counts[classify(live)] += 1
-            time.sleep(0.002)
-
-    reader = threading.Thread(target=loop, daemon=True)
-    reader.start()
-    try:
-        yield counts
-    finally:
-        stop.set()
-        reader.join()
-
-
 def publisher(world: World, root: Path, sources: list[Path], rounds: int
               ) -> subprocess.Popen[str]:
     """One process publishing ``sources`` in turn, ``rounds`` times; it stops at a failure."""
@@ -168,7 +147,7 @@ def test_ensures_racing_repair_force_and_publishes_into_the_skill_root_all_succe
     world.write_config(requirements=["requests>=2"], skills=[f"{root}/*"])
     rounds = 6 if STRESS else 3
     began = time.monotonic()
-    with sampling(root / "demo") as seen:
+    with sampling(lambda: classify(root / "demo"), pause=0.002) as seen:
         procs = [start(world, env={"FAKE_UV_DELAY": "0.1"}) for _ in range(4)]
         procs.append(spawn(world.command("repair", "--force"), world.env))
         procs.append(publisher(world, root, [v2, v1], rounds))
