@@ -81,6 +81,8 @@ class PythonSkill:
     project: str  # canonical project name ("" when the pyproject is unusable)
     requires: frozenset[str]  # canonical names of its dependencies
     problem: str = ""  # why it cannot be installed at all (invalid pyproject)
+    # (build-backend, build requirements) when declared and not in-tree (no backend-path)
+    build_system: tuple[str, tuple[str, ...]] | None = None
 
     @property
     def name(self) -> str:
@@ -102,7 +104,18 @@ def load_python_skill(skill: Skill) -> PythonSkill:
     deps = project.get("dependencies", [])
     names = {canonical(m.group(1)) for d in deps if isinstance(d, str)
              if (m := _REQ_NAME.match(d))}
-    return PythonSkill(skill, digest, canonical(project["name"]), frozenset(names))
+    return PythonSkill(skill, digest, canonical(project["name"]), frozenset(names),
+                       build_system=_build_system(data.get("build-system")))
+
+
+def _build_system(table: object) -> tuple[str, tuple[str, ...]] | None:
+    if not isinstance(table, dict) or "backend-path" in table:
+        return None
+    backend, requires = table.get("build-backend"), table.get("requires")
+    if not isinstance(backend, str) or not isinstance(requires, list) \
+            or not all(isinstance(r, str) for r in requires):
+        return None
+    return backend, tuple(requires)
 
 
 def with_dependencies(
@@ -140,12 +153,16 @@ def dependency_order(skills: Iterable[PythonSkill],
     return [s for s in order if s.name in wanted]
 
 
-def requirements_file(skills: Iterable[PythonSkill], directory: Path) -> Path:
+def requirements_file(skills: Iterable[PythonSkill], directory: Path,
+                      wheels: Mapping[str, Path] | None = None) -> Path:
     """A requirements file of ``-e`` lines: uv resolves them together and, unlike ``-e`` on the
     command line, applies its freshness check to editables (a no-op costs ~17 ms, not a rebuild).
+
+    A skill in ``wheels`` is listed as its editable wheel, built already (bootstrap.editables).
     """
     path = directory / "skills.txt"
-    lines = [f"-e {s.skill.path}" for s in skills]
+    wheels = wheels or {}
+    lines = [str(wheels[s.name]) if s.name in wheels else f"-e {s.skill.path}" for s in skills]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
 

@@ -22,14 +22,14 @@ is merged into the marker at once.
 from __future__ import annotations
 
 import os
-import tempfile
+import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, cast
 
-from bootstrap import log, progress
+from bootstrap import editables, log, progress
 from bootstrap.config import Config
 from bootstrap.errors import UvError
 from bootstrap.marker import (
@@ -50,7 +50,7 @@ from bootstrap.skills import (
     with_dependencies,
 )
 from bootstrap.uv import Uv
-from bootstrap.venv import interpreter
+from bootstrap.venv import interpreter, work_path
 
 ATTEMPT: Final = "attempt"
 
@@ -110,11 +110,18 @@ class _Sync:
         write_marker(self.config.venv, cast(MarkerData, data))
 
     def install(self, group: Sequence[PythonSkill], what: str) -> None:
-        with tempfile.TemporaryDirectory(prefix="kernel-bootstrap-") as tmp:
-            reqs = requirements_file(group, Path(tmp))
+        work = work_path(self.config.venv)
+        work.mkdir()
+        try:
+            wheels = editables.build(group, self.uv, self.python, work)
+            reqs = requirements_file(group, work, wheels)
             forced = [a for s in group if s.name in self.reinstall
                       for a in ("--reinstall-package", s.project)]
             self.uv.install(self.python, ["-r", str(reqs), *forced], what=what)
+            editables.adopt(self.config.venv, {s: wheels[s.name] for s in group
+                                               if s.name in wheels})
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 def _record_of(skill: PythonSkill) -> SkillRecord:

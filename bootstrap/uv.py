@@ -41,7 +41,8 @@ def find_uv() -> Path:
         ) from None
 
 
-def _env() -> dict[str, str]:
+def environment() -> dict[str, str]:
+    """The environment every uv child (and every child that runs uv) gets."""
     extra = {"UV_NO_PROGRESS": "1"}
     # No network for interpreters on the machines we run on: a missing Python must fail fast
     # with uv's clear message, not hang on a download. The user's own setting wins.
@@ -56,10 +57,13 @@ class Uv:
 
     exe: Path
     install_args: tuple[str, ...] = ()
+    # The user's uv arguments alone (index settings), without the runtime's constraints: for
+    # build environments, which uv itself never constrains with --constraint either.
+    build_args: tuple[str, ...] = ()
 
     def run(self, *args: str | Path, what: str) -> process.Result:
         log.debug("uv", argv=[str(a) for a in args])
-        return process.run(self.exe, *args, env=_env(), what=what, error=UvError)
+        return process.run(self.exe, *args, env=environment(), what=what, error=UvError)
 
     def create_venv(self, path: Path, python: str) -> None:
         # --relocatable: the venv is built beside the live one and renamed into place, so its
@@ -80,4 +84,4 @@ def make_uv(constraints: Path | None, uv_args: Sequence[str]) -> Uv:
     args: list[str] = []
     if constraints is not None:
         args += ["--constraint", str(constraints)]
-    return Uv(find_uv(), (*args, *uv_args))
+    return Uv(find_uv(), (*args, *uv_args), tuple(uv_args))

@@ -24,6 +24,7 @@ from bootstrap.marker import MARKER_NAME
 
 _STAGE: Final = "stage"
 _RETIRED: Final = "retired"
+_WORK: Final = "work"
 
 
 def interpreter(venv: Path) -> Path:
@@ -65,15 +66,21 @@ def staging_path(live: Path) -> Path:
     return sibling(live, _STAGE)
 
 
+def work_path(live: Path) -> Path:
+    """Scratch space of one skill sync (requirements file, build environments, wheels): beside
+    the venv, so a killed session's is reaped by the next one like a dead staging tree."""
+    return sibling(live, _WORK)
+
+
 def _journal(live: Path) -> Path:
     return live.with_name(f".{live.name}.swap")
 
 
 def leftovers(live: Path) -> list[Path]:
-    """What interrupted writers of this venv leave behind (any owner): staging and retired
-    trees beside it, and temp files of the swap journal and of the marker."""
+    """What interrupted writers of this venv leave behind (any owner): staging, retired and
+    scratch trees beside it, and temp files of the swap journal and of the marker."""
     prefixes = (f".{live.name}.{_STAGE}-", f".{live.name}.{_RETIRED}-",
-                f".{_journal(live).name}.tmp-")
+                f".{live.name}.{_WORK}-", f".{_journal(live).name}.tmp-")
     found = [live.parent / n for n in _names(live.parent) if n.startswith(prefixes)]
     found += [live / n for n in _names(live) if n.startswith(f".{MARKER_NAME}.tmp-")]
     return sorted(found)

@@ -40,6 +40,10 @@ def isolated_home(
                      ("XDG_CONFIG_HOME", ".config"), ("XDG_STATE_HOME", ".local/state")):
         monkeypatch.setenv(var, str(home / sub))
     monkeypatch.setenv("UV_CACHE_DIR", str(uv_cache))
+    # The fake uv cannot run a real build backend, so its tests take uv's own editable builds;
+    # the batched builds are tested against the real uv (tests/integration, RealWorld turns
+    # them back on) and directly (tests/test_editables.py).
+    monkeypatch.setenv("KERNEL_BOOTSTRAP_BATCH_BUILDS", "0")
     for var in ("KERNEL_BOOTSTRAP_CONFIG", "KERNEL_BOOTSTRAP_VENV", "KERNEL_BOOTSTRAP_PYTHON",
                 "KERNEL_BOOTSTRAP_UV", "KERNEL_BOOTSTRAP_SNAPSHOTS", "VIRTUAL_ENV"):
         monkeypatch.delenv(var, raising=False)

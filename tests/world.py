@@ -24,6 +24,7 @@ class Call(list[str]):
         super().__init__(entry["argv"])
         self.editables: list[str] = entry.get("editables", [])
         self.requirements: list[str] = entry.get("requirements", [])
+        self.wheels: int = entry.get("wheels", 0)  # skills sent as prebuilt editable wheels
 
 
 def toml_value(value: Any) -> str:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from tests.world import World
+from tests.world import Call, World
 
 # An in-tree build backend: hatchling, except that building the editable hangs while a HANG
 # file sits in the project. It lets a test SIGKILL a real uv in the middle of a real build.
@@ -23,6 +24,11 @@ def build_editable(wheel_directory, config_settings=None, metadata_directory=Non
         time.sleep(0.1)
     return _build_editable(wheel_directory, config_settings, metadata_directory)
 '''
+
+
+def _builds(call: Call) -> bool:
+    """Whether ``call`` creates or fills a build environment of bootstrap.editables."""
+    return any(re.search(r"\.work-\d+-[0-9a-f]+/build-\d+/env", arg) for arg in call)
 
 
 class RealWorld(World):
@@ -42,8 +48,14 @@ class RealWorld(World):
             if "-r" in argv:
                 path = argv[argv.index("-r") + 1]
                 with open(path) as f:
-                    entry["editables"] = sorted(os.path.basename(line.split(None, 1)[1].strip())
-                                                for line in f if line.startswith("-e "))
+                    lines = [line.strip() for line in f]
+                # A skill goes in as "-e DIR", or as the wheel kernel-bootstrap built for it in
+                # a directory named after it.
+                wheels = [w for w in lines if w.endswith(".whl")]
+                entry["editables"] = sorted(
+                    [os.path.basename(e.split(None, 1)[1]) for e in lines if e.startswith("-e ")]
+                    + [os.path.basename(os.path.dirname(w)) for w in wheels])
+                entry["wheels"] = len(wheels)
             with open(os.environ["FAKE_UV_LOG"], "a") as log:
                 log.write(json.dumps(entry) + "\\n")
             os.execv({real!r}, [{real!r}, *argv])
@@ -51,6 +63,14 @@ class RealWorld(World):
         self.uv.chmod(0o755)
         self.env["KERNEL_BOOTSTRAP_UV"] = str(self.uv)
         self.env.pop("UV_OFFLINE", None)
+        self.env.pop("KERNEL_BOOTSTRAP_BATCH_BUILDS", None)  # what users get
+
+    def uv_calls(self) -> list[Call]:
+        """The calls about the managed venv; those filling a build environment are apart."""
+        return [c for c in super().uv_calls() if not _builds(c)]
+
+    def build_env_calls(self) -> list[Call]:
+        return [c for c in super().uv_calls() if _builds(c)]
 
     def hanging_skill(self, name: str) -> Path:
         path = self.skill(name)
