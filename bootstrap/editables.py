@@ -97,7 +97,10 @@ def _build_group(backend: str, requires: tuple[str, ...], members: list[PythonSk
     (workdir / "request.json").write_text(json.dumps(request), encoding="utf-8")
     log.debug("building editables in one process", backend=backend,
               skills=[s.name for s in members])
-    process.run(env_python, "-I", _WORKER, workdir / "request.json", env=environment(),
+    # As uv runs a backend: the build environment active, its scripts first on PATH.
+    run_env = {**environment(), "VIRTUAL_ENV": str(env),
+               "PATH": os.pathsep.join([str(env_python.parent), os.environ.get("PATH", "")])}
+    process.run(env_python, "-I", _WORKER, workdir / "request.json", env=run_env,
                 what="the build backend process failed")
     results = json.loads((workdir / "results.json").read_text(encoding="utf-8"))
     wheels: dict[str, Path] = {}

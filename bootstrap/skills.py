@@ -162,7 +162,8 @@ def requirements_file(skills: Iterable[PythonSkill], directory: Path,
     """
     path = directory / "skills.txt"
     wheels = wheels or {}
-    lines = [str(wheels[s.name]) if s.name in wheels else f"-e {s.skill.path}" for s in skills]
+    lines = [f"{s.project} @ {wheels[s.name].as_uri()}" if s.name in wheels
+             else f"-e {s.skill.path}" for s in skills]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
 

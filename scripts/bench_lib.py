@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import resource
 import shlex
 import shutil
@@ -19,6 +20,7 @@ import sys
 import textwrap
 import time
 import timeit
+import urllib.parse
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -366,16 +368,25 @@ class UvCall:
     requirements: list[str] = field(default_factory=list)  # lines of its -r files
 
     @property
+    def fills_build_env(self) -> bool:
+        """Creates or fills a build environment of bootstrap.editables, not a kernel venv."""
+        return any(re.search(r"\.work-\d+-[0-9a-f]+/build-\d+/env", a) for a in self.argv)
+
+    @property
     def is_venv(self) -> bool:
-        return self.argv[:1] == ["venv"]
+        return self.argv[:1] == ["venv"] and not self.fills_build_env
 
     @property
     def editables(self) -> list[str]:
-        """The directories this call installs as editables (-e/--editable, or in a -r file)."""
+        """The skills this call installs, as paths whose last part is the skill's directory
+        name: -e/--editable, ``-e`` lines of a -r file, and the editable wheels kernel-bootstrap
+        built (``NAME @ file:///.../SKILL/NAME-VERSION-TAGS.whl``)."""
         out = [b for a, b in zip(self.argv, self.argv[1:], strict=False)
                if a in ("-e", "--editable")]
-        return out + [line.split(None, 1)[1] for line in self.requirements
-                      if line.startswith(("-e ", "--editable "))]
+        out += [line.split(None, 1)[1] for line in self.requirements
+                if line.startswith(("-e ", "--editable "))]
+        return out + [str(Path(urllib.parse.urlsplit(line.rsplit(" @ ", 1)[-1]).path).parent)
+                      for line in self.requirements if line.strip().endswith(".whl")]
 
 
 def read_uv_log(path: Path, start: int = 0) -> list[UvCall]:
