@@ -47,14 +47,27 @@ def installed_files(venv: Path, project: str) -> dict[str, bytes]:
     return files
 
 
+def flat_skill(real: RealWorld, name: str) -> None:
+    """A flat-layout skill (no src/: uv records that directory as absent), with a setup.cfg."""
+    path = real.skill(name)
+    module = name.replace("-", "_")
+    (path / "src" / module).rename(path / module)
+    (path / "src").rmdir()
+    pyproject = path / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace(f'"src/{module}"', f'"{module}"'))
+    (path / "setup.cfg").write_text("[metadata]\n")
+
+
 def test_batched_installs_match_uvs_own_and_stay_fresh_for_uv(real: RealWorld) -> None:
     real.skill("alpha")
     real.skill("beta")
     real.skill("gamma", deps=("alpha",))
+    flat_skill(real, "delta")
+    names = ["alpha", "beta", "delta", "gamma"]
     out = json.loads(real.ensure("--json").stdout)
-    assert sorted(out["installed"]) == ["alpha", "beta", "gamma"]
+    assert sorted(out["installed"]) == names
     [skills_call] = real.installs()
-    assert skills_call.wheels == 3 and sorted(skills_call.editables) == ["alpha", "beta", "gamma"]
+    assert skills_call.wheels == 4 and sorted(skills_call.editables) == names
     assert real.build_env_calls(), "no build environment was made: nothing was batched"
     assert real.imports("alpha") and real.imports("gamma")
 
@@ -62,16 +75,16 @@ def test_batched_installs_match_uvs_own_and_stay_fresh_for_uv(real: RealWorld) -
     by_uv = real.root / "venv-by-uv"
     real.ensure(env={"KERNEL_BOOTSTRAP_VENV": str(by_uv),
                  "KERNEL_BOOTSTRAP_BATCH_BUILDS": "0"})
-    for project in ("alpha", "beta", "gamma"):
+    for project in names:
         assert installed_files(real.venv, project) == installed_files(by_uv, project), project
 
     # uv's freshness check agrees that nothing is to be done (no build, nothing installed).
     reqs = real.root / "reqs.txt"
-    reqs.write_text("".join(f"-e {real.skills_dir / n}\n" for n in ("alpha", "beta", "gamma")))
+    reqs.write_text("".join(f"-e {real.skills_dir / n}\n" for n in names))
     check = subprocess.run([str(real.uv), "pip", "install", "--python", str(real.python),
                             "-r", str(reqs)], env=real.env, capture_output=True, text=True,
                            check=True)
-    assert "Checked 3 packages" in check.stderr, check.stderr
+    assert "Checked 4 packages" in check.stderr, check.stderr
     assert "Built" not in check.stderr and "Installed" not in check.stderr, check.stderr
 
 
