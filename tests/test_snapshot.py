@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import random
+import shlex
+import shutil
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
 import pytest
 
+from bootstrap.config import default_python
+from bootstrap.snapshot import MANIFEST, BadSnapshot, Platform, Store, platform_of
+from bootstrap.uv import Uv
+from tests.helpers import fake_uv_shim
 from tests.world import World
 
 
@@ -37,8 +46,7 @@ def test_a_rebuild_writes_a_snapshot_that_another_venv_path_restores(world: Worl
     result = world.ensure("--json", env=elsewhere(world))
     out = json.loads(result.stdout)
     assert out["action"] == "rebuild" and out["python"] == str(world.root / "other/bin/python")
-    assert world.venv_calls() == []
-    assert world.installs() == []  # runtime and both skills came with the snapshot
+    assert world.uv_calls() == []  # runtime and both skills came with the snapshot; no uv
     python = world.root / "other" / "bin" / "python"
     for module in ("alpha", "beta", "requests"):
         assert subprocess.run([str(python), "-c", f"import {module}"],
@@ -57,23 +65,44 @@ def test_a_skill_changed_after_the_snapshot_is_reinstalled_alone(world: World) -
     assert [world.editables(c) for c in world.installs()] == [["beta"]]
 
 
-@pytest.mark.parametrize("damage", ["garbage", "truncated", "other-platform", "unsafe",
-                                    "link-out", "absolute-link", "device"])
+# Each damage and the reason its warning gives (None: any reason).
+DAMAGES: dict[str, str | None] = {
+    "garbage": None,
+    "truncated": None,
+    "truncated-in-data": "truncated",
+    "checksum": "checksum",
+    "pax": "GNU tar format",
+    "other-platform": "another key or platform",
+    "unsafe": "outside the venv",
+    "longname-out": "outside the venv",
+    "link-out": "leaving the venv",
+    "longlink-out": "leaving the venv",
+    "absolute-link": "absolute link",
+    "hardlink-via-link": "through a link",
+    "replaces-link": "through a link",
+    "device": "not a file",
+    "fifo": "not a file",
+    "setuid": "setuid",
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGES))
 def test_a_bad_snapshot_warns_by_name_and_builds(world: World, damage: str) -> None:
     world.ensure()
     [archive] = archives(world)
-    data = archive.read_bytes()
-    if damage == "garbage":
-        archive.write_bytes(b"\x00not a tar" * 100)
-    elif damage == "truncated":
-        archive.write_bytes(data[: len(data) // 3])
-    else:
-        rewrite(archive, damage)
+    victim = world.root / "victim.txt"
+    victim.write_text("mine")
+    spoil(archive, damage, world.root)
     world.clear_log()
     result = world.ensure("--json", env=elsewhere(world))
     assert archive.name in result.stderr and "snapshot" in result.stderr
+    reason = DAMAGES[damage]
+    assert reason is None or reason in result.stderr, result.stderr
+    assert victim.read_text() == "mine"
     assert not list(world.root.rglob("escaped.txt"))
     assert not (world.root / "other" / "null").exists()
+    assert not (world.root / "other" / "lib" / "stolen").exists()
+    assert not list(world.root.glob(".other.stage-*"))  # nothing half-restored left behind
     assert len(world.venv_calls()) == 1
     python = world.root / "other" / "bin" / "python"
     assert subprocess.run([str(python), "-c", "import alpha, requests"],
@@ -84,32 +113,71 @@ def test_a_bad_snapshot_warns_by_name_and_builds(world: World, damage: str) -> N
     assert world.venv_calls() == []
 
 
-def rewrite(archive: Path, damage: str) -> None:
+def spoil(archive: Path, damage: str, root: Path) -> None:
+    data = bytearray(archive.read_bytes())
+    with tarfile.open(archive) as tar:
+        members = tar.getmembers()
+    if damage == "garbage":
+        data = bytearray(b"\x00not a tar" * 100)
+    elif damage == "truncated":
+        del data[len(data) // 3:]
+    elif damage == "truncated-in-data":
+        big = max(members, key=lambda m: m.size)
+        assert big.name != MANIFEST and big.size > 2 * 512
+        del data[big.offset_data + big.size // 2:]
+    elif damage == "checksum":
+        data[members[len(members) // 2].offset + 10] ^= 1  # a byte of its name
+    else:
+        rewrite(archive, damage, root)
+        return
+    archive.write_bytes(bytes(data))
+
+
+def rewrite(archive: Path, damage: str, root: Path) -> None:
+    """The archive rewritten by tarfile (GNU format unless "pax"), with ``damage`` added."""
     with tarfile.open(archive) as tar:
         members = [(m, tar.extractfile(m).read() if m.isfile() else None)  # type: ignore[union-attr]
                    for m in tar.getmembers()]
-    with tarfile.open(archive, "w") as tar:
-        for member, content in members:
-            if member.name == "kernel-bootstrap-snapshot.json" and damage == "other-platform":
+    fmt = tarfile.PAX_FORMAT if damage == "pax" else tarfile.GNU_FORMAT
+    with tarfile.open(archive, "w", format=fmt) as tar:
+        for info, content in members + extra_members(damage, root):
+            if info.name == MANIFEST and damage == "other-platform":
                 manifest = json.loads(content or b"{}")
                 manifest["platform"]["machine"] = "sparc64"
                 content = json.dumps(manifest).encode()
-                member.size = len(content)
-            tar.addfile(member, io.BytesIO(content) if content is not None else None)
-        if damage == "unsafe":
-            evil = tarfile.TarInfo("venv/../../escaped.txt")
-            evil.size = 4
-            tar.addfile(evil, io.BytesIO(b"evil"))
-        elif damage in ("link-out", "absolute-link"):
-            link = tarfile.TarInfo("venv/lib/evil")
-            link.type = tarfile.SYMTYPE
-            link.linkname = "../../../etc" if damage == "link-out" else "/etc/passwd"
-            tar.addfile(link)
-        elif damage == "device":
-            dev = tarfile.TarInfo("venv/null")
-            dev.type = tarfile.CHRTYPE
-            dev.devmajor, dev.devminor = 1, 3
-            tar.addfile(dev)
+                info.size = len(content)
+            tar.addfile(info, io.BytesIO(content) if content is not None else None)
+
+
+def extra_members(damage: str, root: Path) -> list[tuple[tarfile.TarInfo, bytes | None]]:
+    evil = str(root / "victim.txt")
+    return {
+        "unsafe": [member("venv/../../escaped.txt", data=b"evil")],
+        # Longer than a header's 100-byte name field: GNU 'L' and 'K' headers carry them.
+        "longname-out": [member("venv/" + "d" * 120 + "/../../../escaped.txt", data=b"evil")],
+        "link-out": [member("venv/lib/evil", tarfile.SYMTYPE, "../../../etc")],
+        "longlink-out": [member("venv/lib/evil", tarfile.SYMTYPE, "../" * 40 + "etc")],
+        "absolute-link": [member("venv/lib/evil", tarfile.SYMTYPE, "/etc/passwd")],
+        # bin/python* may point at an absolute path; nothing may be written through it.
+        "hardlink-via-link": [member("venv/bin/python-evil", tarfile.SYMTYPE, str(root)),
+                              member("venv/lib/stolen", tarfile.LNKTYPE,
+                                     "venv/bin/python-evil/victim.txt")],
+        "replaces-link": [member("venv/bin/python-evil", tarfile.SYMTYPE, evil),
+                          member("venv/bin/python-evil", data=b"evil")],
+        "device": [member("venv/null", tarfile.CHRTYPE)],
+        "fifo": [member("venv/fifo", tarfile.FIFOTYPE)],
+        "setuid": [member("venv/bin/su", data=b"#!/bin/sh\n", mode=0o4755)],
+    }.get(damage, [])
+
+
+def member(name: str, kind: bytes = tarfile.REGTYPE, link: str = "", mode: int = 0o644,
+           data: bytes | None = None) -> tuple[tarfile.TarInfo, bytes | None]:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname, info.mode = kind, link, mode
+    if kind == tarfile.REGTYPE:
+        data = data or b""
+        info.size = len(data)
+    return info, data
 
 
 def test_an_unwritable_store_never_fails_ensure(world: World) -> None:
@@ -143,37 +211,104 @@ def test_list_and_prune(world: World) -> None:
     assert "no snapshots" in world.run("snapshot", "list").stdout
 
 
-def _info(name: str, kind: bytes = tarfile.REGTYPE, link: str = "",
-          mode: int = 0o644) -> tarfile.TarInfo:
-    info = tarfile.TarInfo(name)
-    info.type, info.linkname, info.mode = kind, link, mode
-    return info
+PLATFORM = Platform("3.11.7", "cpython", "linux", "x86_64", "glibc-2.36")
+KEY = "k" * 40
 
 
-@pytest.mark.parametrize(("member", "problem"), [
-    (_info("venv/lib/x.py"), None),
-    (_info("venv/bin/python", tarfile.SYMTYPE, "/usr/bin/python3.11"), None),
-    (_info("venv/bin/python3", tarfile.SYMTYPE, "python"), None),
-    (_info("venv/lib64", tarfile.SYMTYPE, "lib"), None),
-    (_info("other/x"), "outside the venv"),
-    (_info("/venv/x"), "outside the venv"),
-    (_info("venv/../x"), "outside the venv"),
-    (_info("venv/lib/tool", tarfile.SYMTYPE, "/bin/sh"), "absolute link"),
-    (_info("venv/lib/up", tarfile.SYMTYPE, "../../.."), "leaving the venv"),
-    (_info("venv/lib/hard", tarfile.LNKTYPE, "etc/passwd"), "leaving the venv"),
-    (_info("venv/dev", tarfile.CHRTYPE), "not a file"),
-    (_info("venv/fifo", tarfile.FIFOTYPE), "not a file"),
-    (_info("venv/bin/su", mode=0o4755), "setuid"),
+def store_with(root: Path, members: list[tuple[tarfile.TarInfo, bytes | None]]) -> Store:
+    """A store holding KEY: a manifest, a minimal venv, then ``members``, in GNU format."""
+    store = Store(root / "store")
+    store.root.mkdir(parents=True)
+    manifest = json.dumps({"key": KEY, "platform": PLATFORM.as_dict()}).encode()
+    venv = [member(MANIFEST, data=manifest), member("venv", tarfile.DIRTYPE, mode=0o755),
+            member("venv/pyvenv.cfg", data=b"home = /usr/bin\n")]
+    with tarfile.open(store.path_for(KEY), "w", format=tarfile.GNU_FORMAT) as tar:
+        for info, content in venv + members:
+            tar.addfile(info, io.BytesIO(content) if content is not None else None)
+    return store
+
+
+@pytest.mark.parametrize(("members", "problem"), [
+    ([member("venv/lib/x.py")], None),
+    ([member("venv/lib", tarfile.DIRTYPE, mode=0o755)], None),
+    ([member("venv/bin/python", tarfile.SYMTYPE, "/usr/bin/python3.11")], None),
+    ([member("venv/bin/python3", tarfile.SYMTYPE, "python")], None),
+    ([member("venv/lib64", tarfile.SYMTYPE, "lib")], None),
+    ([member("venv/lib/x.py"), member("venv/lib/y.py", tarfile.LNKTYPE, "venv/lib/x.py")], None),
+    ([member("venv/lib/" + "n" * 150)], None),
+    ([member("venv/lib/deep", tarfile.SYMTYPE, "../" + "lib/" * 40 + "x")], None),
+    ([member("other/x")], "outside the venv"),
+    ([member("/venv/x")], "outside the venv"),
+    ([member("venv/../x")], "outside the venv"),
+    ([member("venv/./x")], "outside the venv"),
+    ([member("venv//x")], "outside the venv"),
+    ([member("venv/lib/tool", tarfile.SYMTYPE, "/bin/sh")], "absolute link"),
+    ([member("venv/lib/up", tarfile.SYMTYPE, "../../..")], "leaving the venv"),
+    ([member("venv/lib/empty", tarfile.SYMTYPE, "")], "leaving the venv"),
+    ([member("venv/lib/hard", tarfile.LNKTYPE, "etc/passwd")], "leaving the venv"),
+    ([member("venv/lib64", tarfile.SYMTYPE, "lib"), member("venv/lib64/x")], "through a link"),
+    ([member("venv/bin/python3", tarfile.SYMTYPE, "python"), member("venv/bin/python3")],
+     "through a link"),
+    # A hard link to a symlink would move its relative target to another directory.
+    ([member("venv/lib/a/s", tarfile.SYMTYPE, "../x"),
+      member("venv/h", tarfile.LNKTYPE, "venv/lib/a/s")], "through a link"),
+    ([member("venv/dev", tarfile.CHRTYPE)], "not a file"),
+    ([member("venv/fifo", tarfile.FIFOTYPE)], "not a file"),
+    ([member("venv/bin/su", mode=0o4755)], "setuid"),
+    ([member("venv/bin/sg", mode=0o2755)], "setgid"),
 ])
-def test_members_are_vetted_lexically(member: tarfile.TarInfo, problem: str | None) -> None:
-    from bootstrap.snapshot import _member_problem
+def test_members_are_vetted_lexically(tmp_path: Path, members: list[tuple[tarfile.TarInfo,
+                                      bytes | None]], problem: str | None) -> None:
+    store = store_with(tmp_path, members)
+    into = tmp_path / "into"
+    if problem is None:
+        assert store.restore(KEY, into, PLATFORM) == into / "venv"
+        assert all(os.path.lexists(into / info.name) for info, _ in members)
+        return
+    with pytest.raises(BadSnapshot) as refused:
+        store.restore(KEY, into, PLATFORM)
+    assert problem in str(refused.value) and store.path_for(KEY).name in str(refused.value)
 
-    found = _member_problem(member, set())
-    assert (found is None) if problem is None else (found is not None and problem in found)
+
+def many_long_names(seed: int) -> dict[str, bytes]:
+    rng = random.Random(seed)
+    return {f"venv/lib/{'n' * 110}-{i}.py": rng.randbytes(rng.randrange(0, 3000))
+            for i in range(1500)}
 
 
-def test_a_member_reached_through_a_link_is_refused() -> None:
-    from bootstrap.snapshot import _member_problem
+def test_a_large_archive_of_long_names_restores_byte_for_byte(tmp_path: Path) -> None:
+    files = many_long_names(8)
+    store = store_with(tmp_path, [member(name, data=data) for name, data in files.items()])
+    assert store.path_for(KEY).stat().st_size > 4 << 20  # many reads, headers across them
+    store.restore(KEY, tmp_path / "into", PLATFORM)
+    assert all((tmp_path / "into" / n).read_bytes() == d for n, d in files.items())
 
-    links = {"venv/bin/python3"}
-    assert "through a link" in (_member_problem(_info("venv/bin/python3/x"), links) or "")
+
+def test_without_a_system_tar_the_same_members_are_restored_and_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    which = shutil.which
+    monkeypatch.setattr(shutil, "which",
+                        lambda cmd, *a, **k: None if cmd == "tar" else which(cmd, *a, **k))
+    files = many_long_names(9)
+    good = [member(n, data=d) for n, d in files.items()]
+    good += [member("venv/bin/python", tarfile.SYMTYPE, "/usr/bin/python3"),
+             member("venv/lib/copy.py", tarfile.LNKTYPE, next(iter(files)))]
+    store_with(tmp_path / "good", good).restore(KEY, tmp_path / "into", PLATFORM)
+    assert all((tmp_path / "into" / n).read_bytes() == d for n, d in files.items())
+    assert os.readlink(tmp_path / "into/venv/bin/python") == "/usr/bin/python3"
+    assert (tmp_path / "into/venv/lib/copy.py").read_bytes() == next(iter(files.values()))
+    bad = store_with(tmp_path / "bad", [member("venv/bin/python-x", tarfile.SYMTYPE, "/etc"),
+                                        member("venv/bin/python-x/passwd", data=b"evil")])
+    with pytest.raises(BadSnapshot, match="through a link"):
+        bad.restore(KEY, tmp_path / "into2", PLATFORM)
+
+
+def test_the_platform_is_the_same_however_the_interpreter_is_named(tmp_path: Path) -> None:
+    wrapper = tmp_path / "python-wrapper"
+    wrapper.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n')
+    wrapper.chmod(0o755)
+    no_uv = Uv(Path("/bin/false"))  # an absolute path, ours or not, needs no `uv python find`
+    version = ".".join(map(str, sys.version_info[:2]))
+    here = platform_of(no_uv, default_python())
+    assert here == platform_of(no_uv, str(wrapper))
+    assert here == platform_of(Uv(fake_uv_shim(tmp_path / "bin")), version)
