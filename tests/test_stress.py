@@ -112,6 +112,10 @@ def classify(live: Path) -> str:
 
 def _versions(fd: int) -> Iterator[str]:
     for name in os.listdir(fd):
+        if name == "__pycache__":
+            # Bytecode of the skill's modules, cached beside them whenever the venv imports
+            # the skill (repair does): the interpreter's, not published content.
+            continue
         st = os.stat(name, dir_fd=fd, follow_symlinks=False)
         if stat.S_ISDIR(st.st_mode):
             sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
