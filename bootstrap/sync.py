@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -110,8 +111,7 @@ class _Sync:
         write_marker(self.config.venv, cast(MarkerData, data))
 
     def install(self, group: Sequence[PythonSkill], what: str) -> None:
-        work = work_path(self.config.venv)
-        work.mkdir()
+        work = _scratch(self.config.venv)
         try:
             wheels = editables.build(group, self.uv, self.python, work)
             reqs = requirements_file(group, work, wheels)
@@ -122,6 +122,17 @@ class _Sync:
                                                if s.name in wheels})
         finally:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def _scratch(venv: Path) -> Path:
+    """A scratch directory beside the venv (reaped by recover() after a kill), or in the temp
+    directory when the venv's parent is not ours to write (a venv provisioned under /opt)."""
+    work = work_path(venv)
+    try:
+        work.mkdir()
+    except OSError:
+        return Path(tempfile.mkdtemp(prefix="kernel-bootstrap-"))
+    return work
 
 
 def _record_of(skill: PythonSkill) -> SkillRecord:

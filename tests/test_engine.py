@@ -274,3 +274,22 @@ def test_a_failing_skill_installed_alone_is_not_tried_twice(world: World) -> Non
     result = world.ensure("--json", env={"FAKE_UV_FAIL": "beta"})
     assert [f["name"] for f in json.loads(result.stdout)["failed"]] == ["beta"]
     assert len(world.installs()) == 1
+
+
+def test_a_venv_whose_parent_cannot_hold_scratch_space_still_syncs_skills(
+        world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Scratch space goes beside the venv; a parent that refuses it (a venv provisioned under
+    # a directory the user cannot write) must not fail the sync. As root a read-only mode does
+    # not refuse anything, so the refusal is injected at the seam: the scratch path.
+    from bootstrap import engine, sync
+    from bootstrap.config import load_config
+
+    world.ensure()
+    world.skill("gamma")
+    for var, value in world.env.items():
+        monkeypatch.setenv(var, value)
+    monkeypatch.setattr(sync, "work_path", lambda venv: world.root / "absent" / "work")
+    result = engine.ensure(load_config(world.config))
+    assert result.action == "skills" and result.installed == ("gamma",)
+    assert world.imports("gamma")
+    assert not (world.root / "absent").exists()
