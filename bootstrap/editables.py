@@ -34,6 +34,7 @@ from bootstrap import log, process
 from bootstrap.errors import BootstrapError
 from bootstrap.skills import PythonSkill
 from bootstrap.uv import Uv, environment
+from bootstrap.venv import interpreter, scripts_dir
 
 # Verified here to build many projects in one process with the same result as uv's own builds.
 BATCHED_BACKENDS: Final = frozenset({"hatchling.build"})
@@ -82,7 +83,7 @@ def _build_group(backend: str, requires: tuple[str, ...], members: list[PythonSk
     # cached from creating the venv, while asking about the link costs a child (~50 ms).
     uv.run("venv", "--quiet", "--python", os.path.realpath(python), env,
            what="uv could not create a build environment")
-    env_python = _interpreter(env)
+    env_python = interpreter(env)
     install = ["pip", "install", "--quiet", "--python", str(env_python), *uv.build_args]
     if requires:
         uv.run(*install, *requires,
@@ -99,7 +100,7 @@ def _build_group(backend: str, requires: tuple[str, ...], members: list[PythonSk
               skills=[s.name for s in members])
     # As uv runs a backend: the build environment active, its scripts first on PATH.
     run_env = {**environment(), "VIRTUAL_ENV": str(env),
-               "PATH": os.pathsep.join([str(env_python.parent), os.environ.get("PATH", "")])}
+               "PATH": os.pathsep.join([str(scripts_dir(env)), os.environ.get("PATH", "")])}
     process.run(env_python, "-I", _WORKER, workdir / "request.json", env=run_env,
                 what="the build backend process failed")
     results = json.loads((workdir / "results.json").read_text(encoding="utf-8"))
@@ -113,11 +114,6 @@ def _build_group(backend: str, requires: tuple[str, ...], members: list[PythonSk
             log.info("uv builds this skill instead", skill=skill.name,
                      error=str(outcome.get("error", "no wheel")).strip().splitlines()[-1:])
     return wheels
-
-
-def _interpreter(env: Path) -> Path:
-    unix = env / "bin" / "python"
-    return unix if unix.exists() else env / "Scripts" / "python.exe"
 
 
 # -- after uv installed the wheels -------------------------------------------------------------
