@@ -11,13 +11,13 @@ import ctypes
 import ctypes.util
 import errno
 import os
-import secrets
 import sys
 import time
 from pathlib import Path
 from typing import Final
 
 from bootstrap.errors import BootstrapError
+from bootstrap.fs import fsync_dir, temp_name, write_all
 
 
 class DiskError(BootstrapError, OSError):
@@ -42,22 +42,6 @@ _AT_FDCWD: Final = -100
 # SYS_renameat2 per architecture, for a libc that predates its wrapper (glibc < 2.28).
 _SYS_RENAMEAT2: Final = {"x86_64": 316, "aarch64": 276, "i686": 353, "armv7l": 382}
 _UNSUPPORTED: Final = {errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP}
-
-
-def fsync_dir(path: Path) -> None:
-    """Make a rename or unlink in ``path`` durable (no-op where directories cannot be opened)."""
-    if sys.platform == "win32":
-        return
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def temp_name(path: Path, tag: str = "tmp") -> Path:
-    """A unique sibling of ``path`` naming its writer, so leftovers can be traced to a pid."""
-    return path.with_name(f".{path.name}.{tag}-{os.getpid()}-{secrets.token_hex(4)}")
 
 
 def write_atomic(path: Path, data: bytes, *, attempts: int = WRITE_ATTEMPTS) -> None:
@@ -103,10 +87,7 @@ def _naming(e: OSError, path: Path) -> OSError:
 def _write_file(path: Path, data: bytes) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        view = memoryview(data)
-        while view:
-            written = os.write(fd, view)
-            view = view[written:]
+        write_all(fd, data)
         os.fsync(fd)
     finally:
         os.close(fd)

@@ -10,9 +10,6 @@ rebuilds.
 
 from __future__ import annotations
 
-import contextlib
-import shutil
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Literal
@@ -20,6 +17,7 @@ from typing import Final, Literal
 from bootstrap import lock, log, process, progress, snapshot, warm
 from bootstrap.config import Config, validate_requirements
 from bootstrap.errors import BootstrapError, ConfigError
+from bootstrap.fs import remove_quietly, removed_on_failure
 from bootstrap.identity import identity_of, runtime_inputs
 from bootstrap.marker import RuntimeRecord, base_marker, marker_path, write_marker
 from bootstrap.skillmd import SKILL_FILE
@@ -144,7 +142,7 @@ def rebuild(config: Config, uv: Uv, snapshots: snapshot.Plan | None = None) -> R
         if restored is not None:
             return restored
     staged = staging_path(live)
-    with _removed_on_failure(staged):
+    with removed_on_failure(staged):
         progress.step("creating the venv")
         uv.create_venv(staged, config.python)
         if config.requirements:
@@ -175,7 +173,7 @@ def _restore(config: Config, snapshots: snapshot.Plan) -> RuntimeRecord | None:
     """
     staging = staging_path(config.venv)
     try:
-        with _removed_on_failure(staging):
+        with removed_on_failure(staging):
             venv = snapshots.extract(staging)
             runtime = _runtime_record(config, _validate(venv, config))
             snapshots.adopt_marker(venv, runtime)
@@ -184,7 +182,7 @@ def _restore(config: Config, snapshots: snapshot.Plan) -> RuntimeRecord | None:
         log.warning("snapshot unusable; building the venv instead",
                     snapshot=str(snapshots.archive), error=str(e))
         return None
-    shutil.rmtree(staging, ignore_errors=True)
+    remove_quietly(staging)
     snapshots.restored = True
     log.info("runtime restored from snapshot", venv=str(config.venv),
              snapshot=str(snapshots.archive), swap=method)
@@ -199,17 +197,6 @@ def _refuse_foreign_directory(live: Path) -> None:
         )
     if live.exists() and not live.is_dir():
         raise ConfigError(f"{live} exists and is not a directory; point `venv` elsewhere")
-
-
-@contextlib.contextmanager
-def _removed_on_failure(path: Path) -> Iterator[None]:
-    # BaseException: ^C and SystemExit must not leave a half-built venv behind either. A SIGKILL
-    # does; the next start's recover() reaps it under the lock.
-    try:
-        yield
-    except BaseException:
-        shutil.rmtree(path, ignore_errors=True)
-        raise
 
 
 def _validate(staged: Path, config: Config) -> str:

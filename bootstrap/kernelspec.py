@@ -19,9 +19,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Final, TypedDict
 
-from bootstrap.atomic import exchange, fsync_dir, temp_name
+from bootstrap.atomic import exchange
 from bootstrap.config import Config, validate_requirements
 from bootstrap.errors import ConfigError
+from bootstrap.fs import fsync_dir, temp_name
 
 DEFAULT_NAME: Final = "kernel-bootstrap"
 # Jupyter's rule for kernel names; it lower-cases them when it installs and when it lists.

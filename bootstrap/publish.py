@@ -35,8 +35,9 @@ from pathlib import Path
 from typing import Any, Final, NamedTuple, TypedDict, cast
 
 from bootstrap import log
-from bootstrap.atomic import DiskError, exchange, fsync_dir, write_atomic
+from bootstrap.atomic import DiskError, exchange, write_atomic
 from bootstrap.errors import BootstrapError, ConfigError, LockTimeout, SkillError
+from bootstrap.fs import fsync_dir
 from bootstrap.skilltree import (
     SkillTree,
     check_collisions,

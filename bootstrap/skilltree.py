@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Final, Literal
 
 from bootstrap.errors import SkillError
+from bootstrap.fs import write_all
 from bootstrap.skillmd import check_skill_dir
 
 EntryKind = Literal["file", "dir", "symlink"]
@@ -273,7 +274,7 @@ def _copy_file(src: Path, dest: Path, mode: int, mtime_ns: int, fsync: bool) -> 
         with open(src, "rb") as f:
             while chunk := f.read(_CHUNK):
                 h.update(chunk)
-                _write_all(fd, chunk)
+                write_all(fd, chunk)
         os.fchmod(fd, mode)
         os.utime(fd, ns=(mtime_ns, mtime_ns))
         if fsync:
@@ -281,12 +282,6 @@ def _copy_file(src: Path, dest: Path, mode: int, mtime_ns: int, fsync: bool) -> 
     finally:
         os.close(fd)
     return h.digest()
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
 
 
 def _finish_dir(path: Path, mode: int, mtime_ns: int, fsync: bool) -> None:

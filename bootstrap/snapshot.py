@@ -27,9 +27,9 @@ from bootstrap import log, process
 from bootstrap.archive import MANIFEST as MANIFEST  # re-exported: part of the format
 from bootstrap.archive import TOP, Reader, extract
 from bootstrap.archive import BadSnapshot as BadSnapshot  # what callers catch
-from bootstrap.atomic import fsync_dir, temp_name
 from bootstrap.config import Config
 from bootstrap.errors import BootstrapError
+from bootstrap.fs import fsync_dir, owner_pid, pid_alive, temp_name
 from bootstrap.identity import runtime_inputs
 from bootstrap.marker import RuntimeRecord, read_marker, write_marker
 from bootstrap.uv import Uv
@@ -240,18 +240,8 @@ def _describe(path: Path) -> Snapshot:
 
 
 def _pid_dead(name: str) -> bool:
-    # temp names are ".<target>.tmp-<pid>-<token>"
-    try:
-        pid = int(name.rsplit(".tmp-", 1)[1].split("-")[0])
-    except (IndexError, ValueError):
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
+    pid = owner_pid(name, "tmp")  # temp names are ".<target>.tmp-<pid>-<token>"
+    return pid is not None and not pid_alive(pid)
 
 
 def local_platform(python_version: str) -> Platform:

@@ -22,7 +22,6 @@ is merged into the marker at once.
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 import time
 from collections.abc import Sequence
@@ -33,6 +32,7 @@ from typing import Any, Final, cast
 from bootstrap import editables, log, progress
 from bootstrap.config import Config
 from bootstrap.errors import UvError
+from bootstrap.fs import remove_quietly
 from bootstrap.marker import (
     FailedRecord,
     MarkerData,
@@ -121,7 +121,7 @@ class _Sync:
             editables.adopt(self.config.venv, {s: wheels[s.name] for s in group
                                                if s.name in wheels})
         finally:
-            shutil.rmtree(work, ignore_errors=True)
+            remove_quietly(work)
 
 
 def _scratch(venv: Path) -> Path:

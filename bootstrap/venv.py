@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Final
 
 from bootstrap import log
-from bootstrap.atomic import DiskError, exchange, fsync_dir, write_atomic
+from bootstrap.atomic import DiskError, exchange, write_atomic
 from bootstrap.errors import BootstrapError
+from bootstrap.fs import fsync_dir
 from bootstrap.marker import MARKER_NAME
 
 _STAGE: Final = "stage"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap.atomic import temp_name
+from bootstrap.fs import temp_name
 from bootstrap.venv import (
     interpreter,
     is_venv,

@@ -1,0 +1,199 @@
+"""Filesystem primitives every other module uses: reading our own state files safely, writing
+all of a buffer, removing trees, cleaning up on failure, temp names and pid liveness.
+
+There is one of each on purpose. The copies these replaced had drifted: one rmtree followed a
+planted symlink, one pid check called a zombie dead, one write loop forgot ``fsync``. The safety
+rule they serve is in ``docs/architecture.md`` ("What the tool trusts on disk"): every file we
+read from our own places is opened without following symlinks and without blocking, checked to
+be a regular file and read with a size cap; everything we remove lies inside our own places.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import secrets
+import shutil
+import stat
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, Final
+
+# Our state files are small: the marker of 1,000 skills is ~300 KiB. Anything near this is not
+# ours, and reading a planted /dev/zero whole once took 10.9 GB before MemoryError.
+STATE_FILE_LIMIT: Final = 16 * 1024 * 1024
+_NOFOLLOW: Final = getattr(os, "O_NOFOLLOW", 0)
+_NONBLOCK: Final = getattr(os, "O_NONBLOCK", 0)
+_CLOEXEC: Final = getattr(os, "O_CLOEXEC", 0)
+_BINARY: Final = getattr(os, "O_BINARY", 0)
+
+
+class NotRegularFile(OSError):
+    """One of our state files is a symlink, FIFO, device or directory: not something we wrote."""
+
+
+def read_state_file(path: Path, limit: int = STATE_FILE_LIMIT) -> bytes:
+    """The bytes of ``path``, a file one of our earlier runs wrote; OSError if it is not one.
+
+    Opened with ``O_NOFOLLOW`` (a planted symlink to /dev/zero or to a victim file is refused,
+    not read) and ``O_NONBLOCK`` (a FIFO cannot hang us), then checked to be a regular file and
+    read with a cap. Callers treat any OSError as "unreadable": a warning, never a hang.
+    """
+    if _NOFOLLOW == 0 and os.path.islink(path):  # Windows: no O_NOFOLLOW; check first
+        raise NotRegularFile(errno.ELOOP, "is a symbolic link, not a file we wrote", str(path))
+    try:
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _NONBLOCK | _CLOEXEC | _BINARY)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise NotRegularFile(errno.ELOOP, "is a symbolic link, not a file we wrote",
+                                 str(path)) from e
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegularFile(errno.EINVAL, f"is a {_kind(st.st_mode)}, not a regular file",
+                                 str(path))
+        if st.st_size > limit:
+            raise NotRegularFile(errno.EFBIG, f"is larger than {limit} bytes", str(path))
+        chunks: list[bytes] = []
+        size = 0
+        while size <= limit:  # the size can grow after fstat: the cap holds regardless
+            chunk = os.read(fd, min(1 << 20, limit + 1 - size))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > limit:
+            raise NotRegularFile(errno.EFBIG, f"is larger than {limit} bytes", str(path))
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "directory"), (stat.S_ISFIFO, "FIFO"),
+                       (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"),
+                       (stat.S_ISSOCK, "socket")):
+        if test(mode):
+            return name
+    return "special file"
+
+
+def is_real_dir(path: Path) -> bool:
+    """A directory that is not a symlink (a symlink to a directory is someone else's tree)."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
+def write_all(fd: int, data: bytes | memoryview) -> None:
+    """Write every byte: ``os.write`` may write less than it was given."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename or unlink in ``path`` durable (no-op where directories cannot be opened)."""
+    if sys.platform == "win32":
+        return
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def temp_name(path: Path, tag: str = "tmp") -> Path:
+    """A unique hidden sibling of ``path`` naming its writer's pid, so leftovers can be traced
+    to a process (and reaped once it is gone): ``.<name>.<tag>-<pid>-<token>``."""
+    return path.with_name(f".{path.name}.{tag}-{os.getpid()}-{secrets.token_hex(4)}")
+
+
+def owner_pid(name: str, tag: str) -> int | None:
+    """The pid in a :func:`temp_name`-style name ``...<tag>-<pid>-<token>``; None if absent."""
+    _, sep, rest = name.rpartition(f"{tag}-")
+    pid_text = rest.split("-", 1)[0]
+    return int(pid_text) if sep and pid_text.isdigit() and int(pid_text) > 0 else None
+
+
+def pid_alive(pid: int | None) -> bool:
+    """Whether ``pid`` names a process; a zombie counts as alive (its parent has yet to reap it,
+    so whatever it left may still be in use by a process tree we cannot see)."""
+    if pid is None or pid <= 0:
+        return False
+    if sys.platform == "win32":  # os.kill(pid, 0) would terminate it there
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_tree(path: Path) -> None:
+    """Remove ``path`` without ever following a symlink: a link is unlinked, never walked.
+
+    Directories we made read-only (copied modes) are made writable on the way down, inside
+    the tree only; a missing path is fine. Raises OSError when something could not go.
+    """
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        return
+    top = os.path.abspath(path)
+
+    def make_writable(func: Callable[..., Any], target: str, _exc: Any) -> None:
+        # Deleting an entry needs write permission on its directory, which lies inside `top`
+        # (rmtree never leaves the tree it was given, and never follows links).
+        parent = os.path.dirname(os.path.abspath(target))
+        if parent == top or parent.startswith(top + os.sep):
+            with contextlib.suppress(OSError):
+                os.chmod(parent, 0o700)
+        func(target)
+
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(path, onexc=make_writable)
+    else:
+        shutil.rmtree(path, onerror=make_writable)
+
+
+def remove_quietly(path: Path) -> bool:
+    """:func:`remove_tree` for tidying up: a failure is reported as False, never raised."""
+    try:
+        remove_tree(path)
+    except OSError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def removed_on_failure(path: Path) -> Iterator[Path]:
+    """Remove ``path`` if the block fails in any way: an error, ^C, SystemExit.
+
+    BaseException on purpose: a half-built tree must not outlive an interrupt either. A SIGKILL
+    leaves it; the owner's pid in its name lets the next run reap it.
+    """
+    try:
+        yield path
+    except BaseException:
+        remove_quietly(path)
+        raise
+
+
+@contextlib.contextmanager
+def removed_on_exit(path: Path) -> Iterator[Path]:
+    """Remove ``path`` however the block ends (scratch space that never outlives its user)."""
+    try:
+        yield path
+    finally:
+        remove_quietly(path)
