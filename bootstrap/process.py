@@ -1,19 +1,26 @@
-"""The one helper that runs child processes.
+"""The one place child processes are started.
 
-Children get a cleaned environment (see :func:`child_env`) and their failures become a
-:class:`~bootstrap.errors.ProcessError` that names the command and the tail of its stderr.
+:func:`run` runs a command to completion; :func:`streaming` starts one whose stdin we write
+while we work (``tar -x`` fed a vetted snapshot); :func:`feed` is the asyncio form of the same,
+for ``push``, where several runtimes stream at once. All three give the child a cleaned
+environment (see :func:`child_env`) and turn a failure into a
+:class:`~bootstrap.errors.ProcessError` naming the command and the tail of its stderr.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, TYPE_CHECKING, Final, NoReturn
 
-from bootstrap.errors import ProcessError
+from bootstrap.errors import BootstrapError, ProcessError
+
+if TYPE_CHECKING:  # asyncio costs ~35 ms: only push pays for it, inside feed()
+    import asyncio
 
 # Variables that would make a child act on some other environment than the one we name:
 # - VIRTUAL_ENV / CONDA_PREFIX: uv targets an activated env when no --python is given, and
@@ -22,6 +29,8 @@ from bootstrap.errors import ProcessError
 #   make "is it installed in the venv?" checks pass for packages that live elsewhere.
 # - PYTHONSTARTUP / PYTHONNOUSERSITE left alone: harmless for -c children.
 _REMOVED_VARS = ("VIRTUAL_ENV", "CONDA_PREFIX", "PYTHONHOME", "PYTHONPATH", "__PYVENV_LAUNCHER__")
+_TAIL_LIMIT: Final = 64 * 1024  # stderr kept from a streamed child: a chatty one cannot grow us
+_DRAIN_TIMEOUT: Final = 30.0  # after an aborted stream, how long the child gets to clean up
 
 
 @dataclass(frozen=True)
@@ -68,10 +77,8 @@ def run(
             timeout=timeout,
             check=False,
         )
-    except FileNotFoundError as e:
-        raise error(argv, 127, f"{e.filename}: not found", what or "could not start") from e
-    except PermissionError as e:
-        raise error(argv, 126, str(e), what or "could not start") from e
+    except OSError as e:
+        _not_started(argv, e, what, error)
     except subprocess.TimeoutExpired as e:
         stderr = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else ""
         raise error(argv, -9, stderr + f"\ntimed out after {timeout} s", what) from e
@@ -79,3 +86,132 @@ def run(
     if check and proc.returncode != 0:
         raise error(argv, proc.returncode, proc.stderr, what)
     return result
+
+
+def _not_started(argv: Sequence[str], e: OSError, what: str,
+                 error: type[ProcessError] = ProcessError) -> NoReturn:
+    """A command that could not start fails like one that ran: 127 not found, 126 otherwise."""
+    argv = tuple(argv)
+    if isinstance(e, FileNotFoundError):
+        raise error(argv, 127, f"{e.filename}: not found", what or "could not start") from e
+    raise error(argv, 126, str(e), what or "could not start") from e
+
+
+@contextlib.contextmanager
+def streaming(*cmd: str | Path, what: str) -> Iterator[IO[bytes]]:
+    """Start ``cmd`` and yield its stdin; on leaving, close it, wait, and raise ProcessError if
+    the child failed. The child stopping early (a broken pipe) is judged by its exit status.
+
+    If the block raises, the child is killed first: half a stream must not be acted upon.
+    """
+    import tempfile
+
+    argv = tuple(str(c) for c in cmd)
+    with tempfile.TemporaryFile() as err:
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                    stderr=err, env=child_env())
+        except OSError as e:
+            _not_started(argv, e, what)
+        assert proc.stdin is not None, "BUG: a pipe was requested"
+        try:
+            with contextlib.suppress(BrokenPipeError):
+                try:
+                    yield proc.stdin
+                finally:
+                    proc.stdin.close()
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+        if proc.wait() != 0:
+            size = err.seek(0, os.SEEK_END)  # the child wrote through its own copy of the fd
+            err.seek(max(0, size - _TAIL_LIMIT))
+            raise ProcessError(argv, proc.returncode, err.read().decode(errors="replace"), what)
+
+
+async def feed(cmd: Sequence[str], chunks: Iterator[bytes], shown: Sequence[str],
+               what: str) -> str:
+    """Run ``cmd`` with ``chunks`` on its stdin; return its stdout (the last 64 KiB).
+
+    A failing child is a ProcessError showing ``shown`` as its command (the real one may carry
+    a long script). An error while producing ``chunks`` closes stdin without the rest, lets the
+    child end, and is raised then. Cancelled (^C): EOF, then SIGTERM, so the child cleans up.
+    """
+    import asyncio
+
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *cmd, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, env=child_env(),
+        )
+    except OSError as e:
+        _not_started(shown, e, what)
+    assert proc.stdin and proc.stdout and proc.stderr, "BUG: pipes were requested"
+    out = asyncio.ensure_future(_read_tail(proc.stdout))
+    err = asyncio.ensure_future(_read_tail(proc.stderr))
+    try:
+        local_error = await _write_all(proc.stdin, chunks)
+        if local_error is not None:
+            await _await_exit(proc, _DRAIN_TIMEOUT)
+            raise local_error
+        returncode = await proc.wait()
+        stdout, stderr = await out, await err
+    finally:
+        if proc.returncode is None:  # cancelled (^C) or our own bug: do not leave it running
+            await _stop(proc)
+        out.cancel()
+        err.cancel()
+    if returncode != 0:
+        raise ProcessError(tuple(shown), returncode, stderr.decode(errors="replace"), what)
+    return stdout.decode(errors="replace")
+
+
+async def _write_all(stdin: asyncio.StreamWriter,
+                     chunks: Iterator[bytes]) -> BootstrapError | None:
+    """Write the stream; a child that stops reading is not an error here (its exit status says
+    why). A local error is returned after closing stdin without the rest of the stream."""
+    failed: BootstrapError | None = None
+    try:
+        for data in chunks:
+            stdin.write(data)
+            await stdin.drain()
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    except BootstrapError as e:
+        failed = e
+    except OSError as e:  # e.g. a source vanished: still ours, and reported as such
+        failed = BootstrapError(f"cannot read what was being sent: {e}")
+    stdin.close()
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        await stdin.wait_closed()
+    return failed
+
+
+async def _await_exit(proc: asyncio.subprocess.Process, timeout: float) -> None:
+    import asyncio
+
+    try:
+        await asyncio.wait_for(proc.wait(), timeout)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+
+
+async def _stop(proc: asyncio.subprocess.Process) -> None:
+    """EOF first, then SIGTERM, not SIGKILL: the child (a push script's trap, or ssh/docker
+    hanging up on the far side) gets to remove what it staged."""
+    if proc.stdin is not None:
+        proc.stdin.close()
+    with contextlib.suppress(ProcessLookupError):
+        proc.terminate()
+    await _await_exit(proc, timeout=5.0)
+
+
+async def _read_tail(stream: asyncio.StreamReader) -> bytes:
+    buf = bytearray()
+    while data := await stream.read(65536):
+        buf += data
+        if len(buf) > _TAIL_LIMIT:
+            del buf[:-_TAIL_LIMIT]
+    return bytes(buf)

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import stat
+import subprocess
 import sys
 import tempfile
 import time
@@ -446,3 +447,82 @@ def test_unusable_dest_is_a_usage_error_before_anything_is_sent(tmp_path: Path, 
     prefix, log = logging_prefix(tmp_path)
     assert run_cli(src, "--dest", dest, "--exec", prefix) == 2
     assert calls(log) == 0
+
+
+# --- pushes from separate invocations -----------------------------------------------------------
+
+
+SKILLS = [f"tool{k}" for k in range(8)]  # several per push: a longer run of renames to race
+
+
+def versions(tmp_path: Path, count: int) -> list[list[Path]]:
+    """``count`` versions of the skills in SKILLS, each version with its own files."""
+    return [[make_skill(tmp_path / f"v{i}", name, {"v.txt": str(i), f"only-{i}.txt": "x",
+                                                   **{f"d/{j}.txt": f"{i}" * 2000
+                                                      for j in range(10)}})
+             for name in SKILLS] for i in range(count)]
+
+
+def push_concurrently(sources: Sequence[Sequence[Path]], dest: str, prefix: str
+                      ) -> list[subprocess.CompletedProcess[str]]:
+    """Run one ``kernel-bootstrap push`` per group of sources, all at once, each its own
+    process."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    procs = [subprocess.Popen([sys.executable, "-m", "bootstrap", "push", *map(str, group),
+                               "--dest", dest, "--exec", prefix], env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for group in sources]
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        results.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    return results
+
+
+def assert_one_complete_version(skill: Path, count: int) -> None:
+    """``skill`` is exactly one of the versions :func:`versions` made: not nested, not mixed."""
+    version = int((skill / "v.txt").read_text())
+    assert 0 <= version < count
+    assert not (skill / skill.name).exists()
+    assert sorted(p.name for p in skill.iterdir()) == ["SKILL.md", "d", f"only-{version}.txt",
+                                                       "v.txt"]
+    assert {(skill / "d" / f"{j}.txt").read_text() for j in range(10)} == {f"{version}" * 2000}
+
+
+def test_four_concurrent_exec_pushes_into_one_dest_leave_one_complete_version(
+        tmp_path: Path) -> None:
+    sources = versions(tmp_path, 4)
+    dest = tmp_path / "sandbox" / "skills"
+    for _ in range(3):  # the race needs the right interleaving: give it a few chances
+        results = push_concurrently(sources, str(dest), "env")
+        assert [r.returncode for r in results] == [0] * 4, [r.stderr for r in results]
+        assert sorted(p.name for p in dest.iterdir()) == SKILLS
+        for name in SKILLS:
+            assert_one_complete_version(dest / name, 4)
+        no_staging_left(dest)
+
+
+def test_a_push_killed_holding_the_lock_does_not_block_the_next(tmp_path: Path) -> None:
+    # A sandbox push SIGKILLed between taking the lock and releasing it leaves the lock behind
+    # with its (now dead) pid: the next push breaks it rather than waiting for minutes.
+    src = make_skill(tmp_path / "src", "tool", {"v.txt": "new"})
+    dest = tmp_path / "dest"
+    lock = tmp_path / ".dest.kb-push-lock"
+    lock.mkdir()
+    (lock / "pid").write_text("999999999\n")  # no such process
+
+    assert run_cli(src, "--dest", dest, "--exec", "env") == 0
+
+    assert (dest / "tool/v.txt").read_text() == "new"
+    assert not lock.exists()
+    no_staging_left(dest)
+
+
+def test_exec_true_names_the_runtime_once(tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    src = make_skill(tmp_path / "src", "tool")
+    assert run_cli(src, "--dest", tmp_path / "d", "--exec", "true") == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: push to true failed: the runtime exited 0 but never "
+                          "confirmed the push"), err
+    assert err.count("push to true failed") == 1

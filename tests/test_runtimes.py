@@ -21,7 +21,13 @@ from bootstrap.runtimes import (
     tar_stream,
 )
 from tests.helpers import make_skill
-from tests.test_push import no_staging_left
+from tests.test_push import (
+    SKILLS,
+    assert_one_complete_version,
+    no_staging_left,
+    push_concurrently,
+    versions,
+)
 
 
 def test_tar_stream_holds_every_entry_with_mode_mtime_and_links(tmp_path: Path) -> None:
@@ -86,28 +92,46 @@ def test_remote_dest_refuses_unusable_paths(bad: str) -> None:
         remote_dest(bad)
 
 
-@pytest.mark.skipif(shutil.which("busybox") is None, reason="busybox is not installed")
-def test_the_script_runs_under_busybox_sh_and_tar(tmp_path: Path) -> None:
-    # Alpine-style sandboxes have only busybox: its sh, tar, mv, mkdir... must all do.
+needs_busybox = pytest.mark.skipif(shutil.which("busybox") is None,
+                                   reason="busybox is not installed")
+
+
+def busybox_runtime(tmp_path: Path) -> ExecRuntime:
+    """An exec runtime whose sandbox has only busybox applets on PATH (Alpine-style)."""
     applets = tmp_path / "bb"
     applets.mkdir()
     busybox = shutil.which("busybox")
     assert busybox is not None
     for applet in ("sh", "tar", "mkdir", "mv", "rm", "dirname", "basename", "mountpoint",
-                   "printf", "echo", "kill", "env", "cat"):
+                   "printf", "echo", "kill", "env", "cat", "sleep"):
         (applets / applet).symlink_to(busybox)
+    return ExecRuntime((str(applets / "env"), f"PATH={applets}"))
+
+
+@needs_busybox
+def test_the_script_runs_under_busybox_sh_and_tar(tmp_path: Path) -> None:
     src = make_skill(tmp_path / "src", "tool", {"bin/run": "echo", "d/e.txt": "e"},
                      executables=["bin/run"])
     (src / "link").symlink_to("d/e.txt")
     dest = tmp_path / "dest"
     make_skill(dest, "tool", {"stale.txt": "old"})
-    runtime = ExecRuntime((str(applets / "env"), f"PATH={applets}"))
 
-    [report] = push_sync([src], str(dest), [runtime])
+    [report] = push_sync([src], str(dest), [busybox_runtime(tmp_path)])
 
     assert report.ok, report.error
     out = dest / "tool"
     assert sorted(p.name for p in out.iterdir()) == ["SKILL.md", "bin", "d", "link"]
     assert os.access(out / "bin/run", os.X_OK)
     assert os.readlink(out / "link") == "d/e.txt"
+    no_staging_left(dest)
+
+
+@needs_busybox
+def test_concurrent_pushes_take_turns_under_busybox_too(tmp_path: Path) -> None:
+    sources = versions(tmp_path, 4)
+    dest = tmp_path / "dest"
+    results = push_concurrently(sources, str(dest), busybox_runtime(tmp_path).name)
+    assert [r.returncode for r in results] == [0] * 4, [r.stderr for r in results]
+    for name in SKILLS:
+        assert_one_complete_version(dest / name, 4)
     no_staging_left(dest)

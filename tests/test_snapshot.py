@@ -211,6 +211,17 @@ def test_list_and_prune(world: World) -> None:
     assert "no snapshots" in world.run("snapshot", "list").stdout
 
 
+def test_a_fifo_or_device_in_the_store_is_unreadable_not_a_hang(world: World) -> None:
+    store = world.root / "store"
+    store.mkdir()
+    os.mkfifo(store / ("f" * 40 + ".tar"))
+    (store / ("z" * 40 + ".tar")).symlink_to("/dev/zero")
+    listed = world.run("snapshot", "list", "--json", timeout=20)
+    assert listed.returncode == 0, listed.stderr
+    platforms = [s["platform"] for s in json.loads(listed.stdout)["snapshots"]]
+    assert platforms == [{"error": "unreadable"}] * 2
+
+
 PLATFORM = Platform("3.11.7", "cpython", "linux", "x86_64", "glibc-2.36")
 KEY = "k" * 40
 
@@ -252,12 +263,34 @@ def store_with(root: Path, members: list[tuple[tarfile.TarInfo, bytes | None]]) 
     # A hard link to a symlink would move its relative target to another directory.
     ([member("venv/lib/a/s", tarfile.SYMTYPE, "../x"),
       member("venv/h", tarfile.LNKTYPE, "venv/lib/a/s")], "through a link"),
+    # Links are judged by where they resolve, following earlier links: `lib/d -> .` makes
+    # this one climb out although it normalises to venv/lib/X.
+    ([member("venv/lib/d", tarfile.SYMTYPE, "."),
+      member("venv/lib/e", tarfile.SYMTYPE, "d/d/d/../../../X")], "leaving the venv"),
+    ([member("venv/lib/d", tarfile.SYMTYPE, "."),
+      member("venv/lib/e", tarfile.SYMTYPE, "d/d/d/../x")], None),
+    # Only the interpreter's own links may leave, and nothing may leave through them.
+    ([member("venv/bin/python", tarfile.SYMTYPE, "/"),
+      member("venv/lib/x", tarfile.SYMTYPE, "../bin/python")], "leaving the venv"),
+    ([member("venv/lib/x", tarfile.SYMTYPE, "../bin/python"),
+      member("venv/bin/python", tarfile.SYMTYPE, "/etc")], "absolute link"),
+    # uv's own layout: the aliases come before the link they name.
+    ([member("venv/bin/python", tarfile.SYMTYPE, "python3.11"),
+      member("venv/bin/python3", tarfile.SYMTYPE, "python3.11"),
+      member("venv/bin/python3.11", tarfile.SYMTYPE, "/usr/bin/python3.11"),
+      member("venv/lib64", tarfile.SYMTYPE, "lib")], None),
+    # A later link must not change where an earlier one points.
+    ([member("venv/a", tarfile.SYMTYPE, "x/.."), member("venv/x", tarfile.SYMTYPE, ".")],
+     "goes through a directory"),
+    ([member("venv/lib/a", tarfile.SYMTYPE, "a")], "through itself"),
+    ([member("venv/lib/x.py"), member("venv/h", tarfile.LNKTYPE, "venv/lib/../lib/x.py")],
+     "leaving the venv"),
     ([member("venv/dev", tarfile.CHRTYPE)], "not a file"),
     ([member("venv/fifo", tarfile.FIFOTYPE)], "not a file"),
     ([member("venv/bin/su", mode=0o4755)], "setuid"),
     ([member("venv/bin/sg", mode=0o2755)], "setgid"),
 ])
-def test_members_are_vetted_lexically(tmp_path: Path, members: list[tuple[tarfile.TarInfo,
+def test_members_are_vetted(tmp_path: Path, members: list[tuple[tarfile.TarInfo,
                                       bytes | None]], problem: str | None) -> None:
     store = store_with(tmp_path, members)
     into = tmp_path / "into"

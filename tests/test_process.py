@@ -1,0 +1,67 @@
+"""Child processes fed a stream: what the child sees, and how its failures are reported."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bootstrap import process
+from bootstrap.errors import BootstrapError, ProcessError
+
+
+def test_streaming_hands_the_child_everything_written(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    with process.streaming("sh", "-c", f"cat > {out}", what="copy") as stdin:
+        for piece in (b"a" * 100_000, b"b"):
+            stdin.write(piece)
+    assert out.read_bytes() == b"a" * 100_000 + b"b"
+
+
+def test_a_failing_child_is_a_process_error_with_its_stderr_tail() -> None:
+    with pytest.raises(ProcessError) as failed, \
+            process.streaming("sh", "-c", "cat >/dev/null; echo 'disk on fire' >&2; exit 3",
+                              what="tar could not extract") as stdin:
+        stdin.write(b"data")
+    assert failed.value.returncode == 3
+    assert str(failed.value).startswith("tar could not extract (exit code 3)")
+    assert "disk on fire" in str(failed.value)
+
+
+def test_a_child_that_stops_reading_is_judged_by_its_exit_status() -> None:
+    with pytest.raises(ProcessError, match="exit code 4"), \
+            process.streaming("sh", "-c", "exit 4", what="early") as stdin:
+        time.sleep(0.2)
+        for _ in range(100):
+            stdin.write(b"x" * 65536)
+
+
+def test_an_error_in_the_block_kills_the_child_and_propagates(tmp_path: Path) -> None:
+    marker = tmp_path / "finished"
+    with pytest.raises(KeyboardInterrupt), \
+            process.streaming("sh", "-c", f"cat >/dev/null; touch {marker}", what="x"):
+        raise KeyboardInterrupt
+    assert not marker.exists()
+
+
+def test_a_missing_command_fails_like_run_does() -> None:
+    with pytest.raises(ProcessError) as failed, \
+            process.streaming("no-such-command-kb", what="start it"):
+        pass
+    assert failed.value.returncode == 127 and "not found" in str(failed.value)
+
+
+def test_feed_returns_stdout_and_reports_a_local_error_after_the_child_ends() -> None:
+    def chunks() -> Iterator[bytes]:
+        yield b"hello"
+        raise BootstrapError("the source vanished")
+
+    cmd = (sys.executable, "-c", "import sys; sys.stdin.read(); print('done')")
+    ok = asyncio.run(process.feed(cmd, iter([b"hello"]), ("shown",), "push failed"))
+    assert ok == "done\n"
+    with pytest.raises(BootstrapError, match="the source vanished"):
+        asyncio.run(process.feed(cmd, chunks(), ("shown",), "push failed"))
