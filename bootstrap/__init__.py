@@ -18,8 +18,8 @@ _LAZY = {
     "Config": "bootstrap.config",
     "load_config": "bootstrap.config",
     "ensure": "bootstrap.engine",
-    "EnsureResult": "bootstrap.engine",
-    "status": "bootstrap.state:assess",
+    "EnsureResult": "bootstrap.results",
+    "status": "bootstrap.readiness",
     "repair": "bootstrap.repair",
     "publish": "bootstrap.publish",
     "push": "bootstrap.push",
@@ -49,8 +49,9 @@ __all__ = [
 
 if TYPE_CHECKING:
     from bootstrap.config import Config, load_config
-    from bootstrap.engine import EnsureResult, ensure
+    from bootstrap.engine import ensure
     from bootstrap.errors import BootstrapError, ConfigError, LockTimeout, SkillError, UvError
+    from bootstrap.results import EnsureResult
 
 
 def __getattr__(name: str) -> object:

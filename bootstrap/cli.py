@@ -45,11 +45,15 @@ def _common(p: argparse.ArgumentParser, config: bool = True) -> None:
 def _positive(text: str) -> float:
     import argparse
 
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value >= 0:
+    from bootstrap.warm import parse_seconds
+
+    # One rule for both parsers: the warm path must accept exactly what this one does.
+    value = parse_seconds(text)
+    if value is None:
+        try:
+            float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
         raise argparse.ArgumentTypeError(f"must be 0 or more: {text!r}")
     return value
 
@@ -71,7 +75,6 @@ def _count(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from pathlib import Path
 
     from bootstrap import __version__
 
@@ -80,6 +83,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser.add_argument("--version", action="version", version=f"kernel-bootstrap {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=parser_class)
+    _environment_commands(sub)
+    _tree_commands(sub, parser_class)
+    return parser
+
+
+def _environment_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The commands about the managed venv."""
+    from pathlib import Path
 
     p = sub.add_parser("ensure", help="make the environment ready; print the interpreter path")
     _common(p)
@@ -104,6 +115,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grace", type=_positive, default=30.0, metavar="SECONDS")
     p.add_argument("--lock-timeout", type=_positive, default=10.0, metavar="SECONDS")
     p.add_argument("--json", action="store_true")
+
+
+def _tree_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser],
+                   parser_class: type[argparse.ArgumentParser]) -> None:
+    """The commands that move skill trees, and the kernelspec and snapshot families."""
+    from pathlib import Path
 
     p = sub.add_parser("publish", help="install skill trees atomically into a skill root")
     _common(p)
@@ -141,8 +158,6 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--keep", type=_count, default=None, metavar="N", help="keep the newest N")
     s.add_argument("--older-than", type=_positive, default=None, metavar="DAYS")
     s.add_argument("--json", action="store_true")
-
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -113,6 +113,8 @@ def config_from_dict(data: dict[str, Any], file: Path) -> Config:
     reader = _Reader(file, data)
     venv_env = os.environ.get("KERNEL_BOOTSTRAP_VENV")
     venv = _resolve(base, venv_env) if venv_env else reader.path("venv", base)
+    if venv is not None:
+        _check_venv_path(venv, "KERNEL_BOOTSTRAP_VENV" if venv_env else f"{file}: key 'venv'")
     constraints = reader.path("constraints", base)
     if constraints is not None and not _exists(constraints, file, "constraints", "file"):
         raise ConfigError(f"{file}: key 'constraints': file not found: {constraints}")
@@ -193,6 +195,29 @@ def _exists(path: Path, file: Path, where: str, kind: str) -> bool:
     except OSError as e:  # e.g. ENAMETOOLONG or EACCES, which pathlib does not swallow
         raise ConfigError(f"{file}: {where}: cannot read {_short(str(path))}: {e.strerror}"
                           ) from None
+
+
+# A file name holds at most 255 bytes on every filesystem we run on, and the venv's siblings
+# (lock, holder record, staging and scratch trees, temp files) add up to ~40 bytes to its name:
+# a longer name was accepted and then failed at the lock with a bare "File name too long".
+NAME_MAX: Final = 255
+_SIBLING_ROOM: Final = 64
+# PATH_MAX is 4096 on Linux; the venv's own tree (lib/pythonX.Y/site-packages/...) needs room.
+_VENV_PATH_MAX: Final = 3072
+
+
+def _check_venv_path(venv: Path, where: str) -> None:
+    """The venv path must leave room for what we put beside it and inside it."""
+    raw = os.fsencode(venv)
+    longest = max((len(part) for part in raw.split(os.fsencode(os.sep))), default=0)
+    if len(os.fsencode(venv.name)) > NAME_MAX - _SIBLING_ROOM or longest > NAME_MAX:
+        raise ConfigError(
+            f"{where}: the venv's name is too long ({len(os.fsencode(venv.name))} bytes; at most "
+            f"{NAME_MAX - _SIBLING_ROOM}, to leave room for its lock and staging siblings): "
+            f"{_short(str(venv))}")
+    if len(raw) > _VENV_PATH_MAX:
+        raise ConfigError(f"{where}: the venv's path is too long ({len(raw)} bytes; at most "
+                          f"{_VENV_PATH_MAX}): {_short(str(venv))}")
 
 
 _repr = reprlib.Repr()

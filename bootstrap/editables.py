@@ -32,7 +32,8 @@ from typing import Final
 
 from bootstrap import log, process
 from bootstrap.errors import BootstrapError
-from bootstrap.skills import PythonSkill
+from bootstrap.fs import read_state_file
+from bootstrap.python_skill import PythonSkill
 from bootstrap.uv import Uv, environment
 from bootstrap.venv import interpreter, scripts_dir
 
@@ -103,7 +104,7 @@ def _build_group(backend: str, requires: tuple[str, ...], members: list[PythonSk
                "PATH": os.pathsep.join([str(scripts_dir(env)), os.environ.get("PATH", "")])}
     process.run(env_python, "-I", _WORKER, workdir / "request.json", env=run_env,
                 what="the build backend process failed")
-    results = json.loads((workdir / "results.json").read_text(encoding="utf-8"))
+    results = json.loads(read_state_file(workdir / "results.json"))
     wheels: dict[str, Path] = {}
     for skill in members:
         outcome = results.get(skill.name, {})

@@ -10,9 +10,8 @@ rebuilds.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final, Literal
+from typing import Final
 
 from bootstrap import lock, log, process, progress, snapshot, warm
 from bootstrap.config import Config, validate_requirements
@@ -20,8 +19,10 @@ from bootstrap.errors import BootstrapError, ConfigError
 from bootstrap.fs import remove_quietly, removed_on_failure
 from bootstrap.identity import identity_of, runtime_inputs
 from bootstrap.marker import RuntimeRecord, base_marker, marker_path, write_marker
+from bootstrap.override import ensure_override
+from bootstrap.readiness import Status, status
+from bootstrap.results import Action, EnsureResult
 from bootstrap.skillmd import SKILL_FILE
-from bootstrap.state import Assessment, assess
 from bootstrap.sync import sync_skills
 from bootstrap.uv import Uv, make_uv
 from bootstrap.venv import (
@@ -34,18 +35,7 @@ from bootstrap.venv import (
     swap_into_place,
 )
 
-Action = Literal["ready", "skills", "rebuild", "override"]
 CHECK_TIMEOUT: Final = 300.0
-
-
-@dataclass(frozen=True)
-class EnsureResult:
-    python: Path
-    venv: Path
-    action: Action
-    installed: tuple[str, ...] = ()
-    failed: dict[str, str] = field(default_factory=dict)
-    removed: tuple[str, ...] = ()
 
 
 def ensure(config: Config, *, lock_timeout: float = 300.0, force: bool = False,
@@ -56,12 +46,10 @@ def ensure(config: Config, *, lock_timeout: float = 300.0, force: bool = False,
     names skills to reinstall even if uv believes them installed (``repair`` of a damaged one).
     """
     if config.override_python is not None:
-        from bootstrap.override import ensure_override
-
         return ensure_override(config)
     config_stamps = warm.stamps(_config_paths(config))
     venv_stamps = warm.stamps(_venv_paths(config))
-    found = assess(config)
+    found = status(config)
     if found.ready and not force and not reinstall:
         _remember(config, config_stamps + venv_stamps)
         return EnsureResult(found.python, config.venv, "ready")
@@ -69,36 +57,44 @@ def ensure(config: Config, *, lock_timeout: float = 300.0, force: bool = False,
         # Only a rebuild reads the requirements; a current runtime's were valid when it was
         # built (its identity covers them). Checked before the lock so nothing is created.
         validate_requirements(config)
-    with lock.hold(config.venv, lock_timeout):
+    with lock.hold(lock.lock_path(config.venv), lock_timeout):
         # Only here, under the lock: a staging tree is a leftover only if its builder is gone.
         recover(config.venv)
         # Another process may have finished this while we waited for the lock.
         venv_stamps = warm.stamps(_venv_paths(config))
-        found = assess(config)
+        found = status(config)
         if found.ready and not force and not reinstall:
             _remember(config, config_stamps + venv_stamps)
             return EnsureResult(found.python, config.venv, "ready")
-        uv = make_uv(config.constraints, config.uv_args)
-        snapshots: snapshot.Plan | None = None
-        skills_step = 1 if (found.pending or reinstall or found.stray) else 0
-        if found.base_current and not force and found.marker.data is not None:
-            action: Action = "skills"
-            runtime = found.marker.data["runtime"]
-            progress.start(skills_step)
-        else:
-            validate_requirements(config)  # cheap when done already; the state may have moved
-            _say_why_rebuild(found, force)
-            progress.start(2 + bool(config.requirements) + skills_step)
-            snapshots = snapshot.plan(config, uv)
-            action, runtime = "rebuild", rebuild(config, uv, snapshots)
-        outcome = sync_skills(config, uv, runtime, reinstall)
-        progress.finish("ready" if not outcome.failed
-                        else f"ready; {len(outcome.failed)} skill(s) failed")
-        if action == "rebuild" and snapshots and not snapshots.restored and not outcome.failed:
-            snapshots.save(config.venv)
-        if not outcome.failed:
-            # Under the lock nobody else changes the venv: these stamps are of our final write.
-            _remember(config, config_stamps + warm.stamps(_venv_paths(config)))
+        return _make_ready(config, found, force, reinstall, config_stamps)
+
+
+def _make_ready(config: Config, found: Status, force: bool, reinstall: frozenset[str],
+                config_stamps: list[tuple[str, str]]) -> EnsureResult:
+    """Under the lock: sync the skills, after a rebuild (or restore) if the runtime needs one."""
+    uv = make_uv(config.constraints, config.uv_args)
+    skills_step = 1 if (found.pending or reinstall or found.stray) else 0
+    snapshots: snapshot.Plan | None = None
+    restored = False
+    if found.base_current and not force and found.marker.data is not None:
+        action: Action = "skills"
+        runtime = found.marker.data["runtime"]
+        progress.start(skills_step)
+    else:
+        validate_requirements(config)  # cheap when done already; the state may have moved
+        _say_why_rebuild(found, force)
+        progress.start(2 + bool(config.requirements) + skills_step)
+        snapshots = snapshot.plan(config, uv)
+        action = "rebuild"
+        runtime, restored = rebuild(config, uv, snapshots)
+    outcome = sync_skills(config, uv, runtime, reinstall)
+    progress.finish("ready" if not outcome.failed
+                    else f"ready; {len(outcome.failed)} skill(s) failed")
+    if action == "rebuild" and snapshots and not restored and not outcome.failed:
+        snapshots.save(config.venv)
+    if not outcome.failed:
+        # Under the lock nobody else changes the venv: these stamps are of our final write.
+        _remember(config, config_stamps + warm.stamps(_venv_paths(config)))
     return EnsureResult(interpreter(config.venv), config.venv, action,
                         tuple(outcome.installed), outcome.failed, tuple(outcome.removed))
 
@@ -124,7 +120,7 @@ def _remember(config: Config, stamped: list[tuple[str, str]]) -> None:
         warm.save(str(config.path), str(config.venv), str(interpreter(config.venv)), stamped)
 
 
-def _say_why_rebuild(found: Assessment, force: bool) -> None:
+def _say_why_rebuild(found: Status, force: bool) -> None:
     if found.marker.state in ("corrupt", "legacy"):
         log.warning(found.marker.problem + "; rebuilding the venv", venv=str(found.venv))
     else:
@@ -132,15 +128,19 @@ def _say_why_rebuild(found: Assessment, force: bool) -> None:
         log.info("building the runtime", venv=str(found.venv), why=why)
 
 
-def rebuild(config: Config, uv: Uv, snapshots: snapshot.Plan | None = None) -> RuntimeRecord:
-    """Build a new venv beside the live one, validate it, write its base marker, swap it in."""
+def rebuild(config: Config, uv: Uv,
+            snapshots: snapshot.Plan | None = None) -> tuple[RuntimeRecord, bool]:
+    """Build a new venv beside the live one, validate it, write its base marker, swap it in.
+
+    Restores the snapshot instead when the store has a usable one; the flag says which.
+    """
     live = config.venv
     _refuse_foreign_directory(live)
     if snapshots is not None and snapshots.available:
         progress.note("restoring a snapshot")
         restored = _restore(config, snapshots)
         if restored is not None:
-            return restored
+            return restored, True
     staged = staging_path(live)
     with removed_on_failure(staged):
         progress.step("creating the venv")
@@ -157,7 +157,7 @@ def rebuild(config: Config, uv: Uv, snapshots: snapshot.Plan | None = None) -> R
         write_marker(staged, base_marker(runtime))
         method = swap_into_place(staged, live)
     log.info("runtime ready", venv=str(live), swap=method)
-    return runtime
+    return runtime, False
 
 
 def _runtime_record(config: Config, version: str) -> RuntimeRecord:
@@ -183,7 +183,6 @@ def _restore(config: Config, snapshots: snapshot.Plan) -> RuntimeRecord | None:
                     snapshot=str(snapshots.archive), error=str(e))
         return None
     remove_quietly(staging)
-    snapshots.restored = True
     log.info("runtime restored from snapshot", venv=str(config.venv),
              snapshot=str(snapshots.archive), swap=method)
     return runtime

@@ -14,9 +14,10 @@ import reprlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, Literal, TypedDict
+from typing import Any, Final, Literal, NotRequired, TypedDict
 
 from bootstrap.atomic import DiskError, write_atomic
+from bootstrap.fs import read_state_file
 from bootstrap.identity import SCHEMA
 
 MARKER_NAME: Final = ".bootstrap-version"
@@ -45,12 +46,24 @@ class RuntimeRecord(TypedDict):
     python: str
 
 
+class AttemptRecord(TypedDict):
+    """The skill group a session handed to uv and has not finished with (see bootstrap.sync)."""
+
+    skills: list[str]
+    first: bool  # the session's first uv call: it had the session's whole time to itself
+    pid: int
+    started: float
+
+
 class MarkerData(TypedDict):
     schema: int
     runtime: RuntimeRecord
     skills: dict[str, SkillRecord]
     failed: dict[str, FailedRecord]
     updated: float
+    # Present only while a session is inside a uv call: a marker that still has it was left by
+    # a session that died. Older readers ignore it.
+    attempt: NotRequired[AttemptRecord]
 
 
 @dataclass(frozen=True)
@@ -77,11 +90,14 @@ def read_marker(venv: Path) -> MarkerRead:
     """Read without ever raising; see :class:`MarkerRead` for the states."""
     path = marker_path(venv)
     try:
-        raw = path.read_bytes()
+        # Not read_bytes(): a marker planted as a symlink to /dev/zero was read whole (10.9 GB,
+        # then MemoryError), and one planted as a FIFO blocked every later session.
+        raw = read_state_file(path)
     except FileNotFoundError:
         return MarkerRead("missing")
     except OSError as e:
-        return MarkerRead("corrupt", problem=f"marker {path} unreadable: {e.strerror}")
+        return MarkerRead("corrupt",
+                          problem=f"marker {path} unreadable: {e.strerror or e}")
     except ValueError:  # a venv path holding NUL or an unencodable character
         return MarkerRead("missing")
     try:
@@ -184,6 +200,42 @@ def write_marker(venv: Path, data: MarkerData) -> None:
             "before is lost; free some space (or fix the permissions), then run "
             "`kernel-bootstrap ensure` again", e
         ) from e
+
+
+def attempt_of(data: MarkerData | None) -> AttemptRecord | None:
+    """The marker's attempt, if it has a usable one (anything else counts as none)."""
+    attempt: object = data.get("attempt") if data is not None else None
+    if not isinstance(attempt, dict) or not isinstance(attempt.get("skills"), list):
+        return None
+    skills = [n for n in attempt["skills"] if isinstance(n, str)]
+    if not skills:
+        return None
+    pid: object = attempt.get("pid")
+    started: object = attempt.get("started")
+    return {"skills": skills, "first": attempt.get("first") is not False,
+            "pid": pid if isinstance(pid, int) else 0,
+            "started": float(started) if isinstance(started, (int, float)) else 0.0}
+
+
+def note_attempt(venv: Path, identity: str, skills: list[str], first: bool) -> None:
+    """Record in the on-disk marker that ``skills`` are about to go to uv."""
+    data = _current(venv, identity)
+    if data is not None:  # no marker of this runtime: the next write is a base marker anyway
+        data["attempt"] = {"skills": skills, "first": first, "pid": os.getpid(),
+                           "started": time.time()}
+        write_marker(venv, data)
+
+
+def clear_attempt(venv: Path, identity: str) -> None:
+    """Drop the attempt: the session is no longer inside a uv call (it did not die there)."""
+    data = _current(venv, identity)
+    if data is not None and data.pop("attempt", None) is not None:
+        write_marker(venv, data)
+
+
+def _current(venv: Path, identity: str) -> MarkerData | None:
+    data = read_marker(venv).data
+    return data if data is not None and data["runtime"]["identity"] == identity else None
 
 
 def merge_skills(venv: Path, runtime: RuntimeRecord, changes: SkillChanges) -> MarkerData:

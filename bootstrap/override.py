@@ -12,10 +12,10 @@ from pathlib import Path
 
 from bootstrap import log
 from bootstrap.config import Config, validate_requirements
-from bootstrap.engine import EnsureResult
 from bootstrap.errors import BootstrapError
 from bootstrap.probe import probe, requirement_names, unmet_requirements
-from bootstrap.skills import import_names, load_python_skill
+from bootstrap.python_skill import import_names, load_python_skill
+from bootstrap.results import EnsureResult
 
 
 def ensure_override(config: Config) -> EnsureResult:

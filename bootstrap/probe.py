@@ -11,9 +11,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bootstrap import process
+from bootstrap import log, process
 from bootstrap.errors import ProcessError
 
+_PURPOSE = "<probe: list installed distributions, try the skills' imports (-v shows it)>"
 # Runs inside the target interpreter: stdlib only, and tolerant of anything missing there.
 _SCRIPT = r"""
 import importlib, importlib.metadata as md, json, os, platform, sys
@@ -73,12 +74,18 @@ def probe(python: Path, dists: Sequence[str],
     """Ask ``python`` for the named distributions and try the named imports."""
     request = json.dumps({"dists": list(dists),
                           "imports": {k: list(v) for k, v in imports.items()}})
-    result = process.run(python, "-c", _SCRIPT, request,
-                         what=f"the interpreter {python} does not run")
+    try:
+        result = process.run(python, "-c", _SCRIPT, request,
+                             what=f"the interpreter {python} does not run")
+    except ProcessError as e:
+        # The script is 40 lines: the message names what it does, and -v shows it whole.
+        log.debug("the probe script that failed", script=_SCRIPT)
+        raise ProcessError((str(python), "-c", _PURPOSE, request), e.returncode, e.stderr,
+                           e.what) from None
     try:
         raw = json.loads(result.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
-        raise ProcessError((str(python), "-c", "<probe>"), 0, result.stderr,
+        raise ProcessError((str(python), "-c", _PURPOSE), 0, result.stderr,
                            f"the interpreter {python} gave no usable answer") from None
     return ProbeResult(raw["version"],
                        {n: _dist(v) for n, v in raw["dists"].items()},

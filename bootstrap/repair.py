@@ -14,11 +14,12 @@ from pathlib import Path
 
 from bootstrap import process
 from bootstrap.config import Config, validate_requirements
-from bootstrap.engine import CHECK_TIMEOUT, EnsureResult, ensure
+from bootstrap.engine import CHECK_TIMEOUT, ensure
 from bootstrap.errors import ProcessError
 from bootstrap.probe import Dist, ProbeResult, probe, requirement_names, unmet_requirements
-from bootstrap.skills import PythonSkill, import_names, load_python_skill
-from bootstrap.state import Assessment, assess
+from bootstrap.python_skill import PythonSkill, import_names, load_python_skill
+from bootstrap.readiness import Status, status
+from bootstrap.results import EnsureResult
 from bootstrap.venv import interpreter
 
 
@@ -51,7 +52,7 @@ class RepairReport:
 def inspect(config: Config) -> Findings:
     """Everything wrong with the environment, found without changing anything."""
     findings = Findings()
-    state = assess(config)
+    state = status(config)
     if not state.base_current:
         findings.runtime += [f"runtime {state.runtime}: {why}" for why in state.why]
         return findings
@@ -103,7 +104,7 @@ _RECORD_STATES = {"pending": "not recorded in the marker yet",
                   "failed": "recorded in the marker as failed"}
 
 
-def _record_problems(state: Assessment, damaged: dict[str, str]) -> list[str]:
+def _record_problems(state: Status, damaged: dict[str, str]) -> list[str]:
     problems = [f"skill {s.name}: {_RECORD_STATES[s.state]}" for s in state.skills
                 if s.python and s.state != "installed" and s.name not in damaged]
     problems += [f"skill {n}: recorded in the marker but no longer configured"

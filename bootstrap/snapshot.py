@@ -13,29 +13,27 @@ members, failing validation) is a warning naming it, then a normal build.
 
 from __future__ import annotations
 
-import contextlib
+import errno
 import hashlib
 import json
 import os
+import stat
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import IO, Final
 
 from bootstrap import log, process
 from bootstrap.archive import MANIFEST as MANIFEST  # re-exported: part of the format
-from bootstrap.archive import TOP, Reader, extract
+from bootstrap.archive import TOP, extract, open_snapshot
 from bootstrap.archive import BadSnapshot as BadSnapshot  # what callers catch
 from bootstrap.config import Config
 from bootstrap.errors import BootstrapError
-from bootstrap.fs import fsync_dir, owner_pid, pid_alive, temp_name
+from bootstrap.fs import fsync_dir, owner_pid, pid_alive, remove_quietly, temp_name
 from bootstrap.identity import runtime_inputs
 from bootstrap.marker import RuntimeRecord, read_marker, write_marker
 from bootstrap.uv import Uv
-
-if TYPE_CHECKING:
-    import tarfile  # a restore never imports it (~5 ms): only writing an archive does
 
 SUFFIX: Final = ".tar"
 _PLATFORM_SCRIPT: Final = (
@@ -121,7 +119,7 @@ class Store:
     # -- writing -----------------------------------------------------------------------------
     def write(self, venv: Path, key: str, platform: Platform) -> Path | None:
         """Archive ``venv``; a store we cannot write is a warning, never a failure."""
-        import tarfile
+        from bootstrap.tar import write_archive  # tarfile (~5 ms): a restore never needs it
 
         target = self.path_for(key)
         tmp = temp_name(target)
@@ -129,19 +127,16 @@ class Store:
             self.root.mkdir(parents=True, exist_ok=True)
             manifest = {"key": key, "platform": platform.as_dict(), "created": time.time(),
                         "source": str(venv), "format": 1}
-            # GNU format, the only one a restore accepts (bootstrap.archive): PAX, the default,
-            # adds an extended header per member for sub-second mtimes, doubling the headers.
-            with tarfile.open(tmp, "w", format=tarfile.GNU_FORMAT) as tar:
-                _add_bytes(tar, MANIFEST, json.dumps(manifest).encode())
-                tar.add(venv, arcname=TOP, filter=_skip_locks)
+            write_archive(tmp, (MANIFEST, json.dumps(manifest).encode()), venv, TOP,
+                          skip=_is_lock)
             _fsync(tmp)
+            # Readers never see a partial archive: it appears under its key only when whole.
             os.replace(tmp, target)
             fsync_dir(self.root)
         except OSError as e:
             log.warning("could not write the snapshot; continuing without it",
                         snapshot=str(target), error=e.strerror or str(e))
-            with contextlib.suppress(OSError):
-                tmp.unlink(missing_ok=True)
+            remove_quietly(tmp)
             return None
         log.info("snapshot written", snapshot=str(target), bytes=target.stat().st_size)
         return target
@@ -158,9 +153,8 @@ class Store:
         """
         archive = self.path_for(key)
         try:
-            with archive.open("rb", buffering=0) as f:
-                reader = Reader(f, archive)
-                manifest = reader.manifest()
+            with _open_archive(archive) as f:
+                manifest, reader = open_snapshot(f, archive)
                 if manifest.get("key") != key or manifest.get("platform") != platform.as_dict():
                     raise BadSnapshot(f"{archive}: built for another key or platform")
                 into.mkdir(parents=True)
@@ -201,20 +195,22 @@ class Store:
         return removed
 
 
-def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
-    import io
-    import tarfile
-
-    info = tarfile.TarInfo(name)
-    info.size = len(data)
-    info.mtime = int(time.time())
-    info.mode = 0o644
-    tar.addfile(info, io.BytesIO(data))
-
-
-def _skip_locks(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+def _is_lock(name: str) -> bool:
     # uv's own venv lock is per machine state, not part of the environment.
-    return None if info.name == f"{TOP}/.lock" else info
+    return name == f"{TOP}/.lock"
+
+
+def _open_archive(path: Path) -> IO[bytes]:
+    """``path`` opened for reading if it is a regular file: the store may be shared, and a
+    FIFO or device planted under a key must be a bad snapshot, not a hang or an endless read."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        return open(fd, "rb", buffering=0)
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def _fsync(path: Path) -> None:
@@ -230,8 +226,8 @@ def _describe(path: Path) -> Snapshot:
     platform: dict[str, str] = {}
     created = path.stat().st_mtime
     try:
-        with path.open("rb", buffering=0) as f:
-            manifest = Reader(f, path).manifest()
+        with _open_archive(path) as f:
+            manifest, _ = open_snapshot(f, path)
         platform = manifest.get("platform", {})
         created = float(manifest.get("created", created))
     except (BadSnapshot, OSError, ValueError, TypeError):
@@ -264,7 +260,6 @@ class Plan:
         self.store = store
         self.key = key
         self.platform = platform
-        self.restored = False
 
     @property
     def archive(self) -> Path:

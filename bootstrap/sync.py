@@ -10,8 +10,8 @@ installs nothing until the whole call has resolved and built, so a session that 
 killed sooner lands nothing. Measured on 12 skills with sessions killed every 1.5 s: when uv's
 cache does not outlive the session, one call never landed in 25 sessions; with a shared cache
 it landed after 4-9 sessions, only as the builds of killed calls piled up in it (see
-BENCHMARKS.md). So before each call we record the group we attempt in the marker (an
-``"attempt"`` key that readers which do not know it ignore). A session that finds
+BENCHMARKS.md). So before each call we record the group we attempt in the marker (its
+``attempt`` record, see bootstrap.marker). A session that finds
 an attempt knows that its predecessor died (the final authoritative write drops it). If the
 attempt's skills are still not installed, that session died inside that call, and the next
 installs in groups half that size; the same size if the attempt was not its session's first call
@@ -21,39 +21,40 @@ is merged into the marker at once.
 
 from __future__ import annotations
 
-import os
+import contextlib
 import tempfile
-import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, cast
 
 from bootstrap import editables, log, progress
+from bootstrap.atomic import DiskError
 from bootstrap.config import Config
 from bootstrap.errors import UvError
-from bootstrap.fs import remove_quietly
+from bootstrap.fs import removed_on_exit
 from bootstrap.marker import (
     FailedRecord,
     MarkerData,
     RuntimeRecord,
     SkillChanges,
     SkillRecord,
+    attempt_of,
+    clear_attempt,
     merge_skills,
+    note_attempt,
     read_marker,
     write_marker,
 )
-from bootstrap.skills import (
+from bootstrap.python_skill import (
     PythonSkill,
     dependency_order,
     load_python_skill,
     requirements_file,
+    unusable_path_problem,
     with_dependencies,
 )
 from bootstrap.uv import Uv
 from bootstrap.venv import interpreter, work_path
-
-ATTEMPT: Final = "attempt"
 
 
 @dataclass
@@ -96,23 +97,9 @@ class _Sync:
         self.record(SkillChanges(failed={skill.name: failure}))
         self.outcome.failed[skill.name] = error
 
-    def note_attempt(self, group: Sequence[PythonSkill] | None, first: bool = True) -> None:
-        """Record (or, with None, clear) the group about to go to uv, in the on-disk marker."""
-        current = read_marker(self.config.venv).data
-        if current is None or current["runtime"]["identity"] != self.runtime["identity"]:
-            return  # nothing to annotate; the next write is a base marker anyway
-        data = cast(dict[str, Any], current)
-        if group is None:
-            if data.pop(ATTEMPT, None) is None:
-                return
-        else:
-            data[ATTEMPT] = {"skills": [s.name for s in group], "first": first,
-                             "pid": os.getpid(), "started": time.time()}
-        write_marker(self.config.venv, cast(MarkerData, data))
-
     def install(self, group: Sequence[PythonSkill], what: str) -> None:
-        work = _scratch(self.config.venv)
-        try:
+        """One uv call for ``group``, recorded as the marker's attempt while it runs."""
+        with _disk_errors(self.config.venv), removed_on_exit(_scratch(self.config.venv)) as work:
             wheels = editables.build(group, self.uv, self.python, work)
             reqs = requirements_file(group, work, wheels)
             forced = [a for s in group if s.name in self.reinstall
@@ -120,15 +107,35 @@ class _Sync:
             self.uv.install(self.python, ["-r", str(reqs), *forced], what=what)
             editables.adopt(self.config.venv, {s: wheels[s.name] for s in group
                                                if s.name in wheels})
-        finally:
-            remove_quietly(work)
+
+
+@contextlib.contextmanager
+def _disk_errors(venv: Path) -> Iterator[None]:
+    """A failed write while preparing a uv call says which file, and what to do about it.
+
+    A full disk used to end the session with a bare "[Errno 28] No space left on device".
+    """
+    try:
+        yield
+    except DiskError:
+        raise
+    except OSError as e:
+        where = e.filename or f"the scratch space of {venv}"
+        raise DiskError(
+            f"could not write {where} while installing skills: {e.strerror or e}. The skills "
+            "installed before are kept; free some space (or fix the permissions), then run "
+            "`kernel-bootstrap ensure` again", e
+        ) from e
 
 
 def _scratch(venv: Path) -> Path:
     """A scratch directory beside the venv (reaped by recover() after a kill), or in the temp
-    directory when the venv's parent is not ours to write (a venv provisioned under /opt)."""
+    directory when the venv's parent is not ours to write (a venv provisioned under /opt) or
+    its path is one uv cannot take (the built wheels are handed to uv by their paths)."""
     work = work_path(venv)
     try:
+        if unusable_path_problem(work):
+            raise NotADirectoryError(work)
         work.mkdir()
     except OSError:
         return Path(tempfile.mkdtemp(prefix="kernel-bootstrap-"))
@@ -164,21 +171,19 @@ def sync_skills(config: Config, uv: Uv, runtime: RuntimeRecord,
 def _group_size(marker: MarkerData | None, pending: list[PythonSkill]) -> int:
     """All of ``pending`` at once, unless an earlier session died inside a uv call (see the
     module docstring)."""
-    attempt = cast(dict[str, Any], marker or {}).get(ATTEMPT)
-    if not isinstance(attempt, dict) or not isinstance(attempt.get("skills"), list):
+    attempt = attempt_of(marker)
+    if attempt is None:
         return len(pending)
-    tried = [n for n in attempt["skills"] if isinstance(n, str)]
-    if not tried:
-        return len(pending)
+    tried = attempt["skills"]
     # Only a session that ends normally drops its attempt, so the one that wrote this died.
     # If it died inside that call, and that call had the whole session to itself, the group
     # was too big for the time sessions get: halve it (rounding up: 3 -> 2 -> 1). Otherwise
     # it died between calls, or after spending part of its time on earlier ones: the size
     # itself was fine.
     inside = not {s.name for s in pending}.isdisjoint(tried)
-    size = (len(tried) + 1) // 2 if inside and attempt.get("first") is not False else len(tried)
+    size = (len(tried) + 1) // 2 if inside and attempt["first"] else len(tried)
     log.info("an earlier session was stopped while installing skills; installing them in "
-             "smaller groups", skills=tried, pid=attempt.get("pid"), inside_uv=inside,
+             "smaller groups", skills=tried, pid=attempt["pid"], inside_uv=inside,
              group_size=size)
     return size
 
@@ -218,12 +223,19 @@ def _install_pending(sync: _Sync, pending: list[PythonSkill], size: int) -> None
         )
         landing = [s for s in group if s in remaining]
         landing_names = ", ".join(s.name for s in landing)
-        sync.note_attempt(landing, first)
+        identity = sync.runtime["identity"]
+        note_attempt(sync.config.venv, identity, [s.name for s in landing], first)
         first = False
         try:
             sync.install(group, what=f"uv could not install skills {landing_names}")
+        except DiskError:
+            # The session ends here, but not inside uv: the next must not halve its groups
+            # (if the disk is still full, this write fails too and changes nothing).
+            with contextlib.suppress(DiskError):
+                clear_attempt(sync.config.venv, identity)
+            raise
         except UvError as e:
-            sync.note_attempt(None)
+            clear_attempt(sync.config.venv, identity)
             if len(group) == 1:
                 # That call was the skill alone: isolating it would only repeat it.
                 sync.fail(landing[0], e.tail or str(e))

@@ -15,24 +15,31 @@ Nothing here writes on the warm path: the fingerprint is written only after a fu
 from __future__ import annotations
 
 import os
+import stat  # already imported by os itself: free
 import sys
 
 FORMAT = "kernel-bootstrap-warm 1"
 # Environment that changes what the full check would conclude.
 ENV_KEYS = ("KERNEL_BOOTSTRAP_VENV", "KERNEL_BOOTSTRAP_PYTHON", "KERNEL_BOOTSTRAP_SNAPSHOTS")
 _MAX_NAME = 200
+# A fingerprint of a config with 1,000 skills is ~300 KiB; anything bigger is not ours.
+_MAX_FINGERPRINT = 4 * 1024 * 1024
 
 
 def cache_dir() -> str:
-    """Where fingerprints live; matches platformdirs' user cache dir for kernel-bootstrap."""
+    """Where fingerprints live: platformdirs' user cache dir for kernel-bootstrap (a test
+    holds the two together), without platformdirs' import cost."""
     home = os.path.expanduser("~")
     if sys.platform == "win32":
         base = os.environ.get("LOCALAPPDATA") or os.path.join(home, "AppData", "Local")
         return os.path.join(base, "kernel-bootstrap", "Cache")
+    # platformdirs takes $XDG_CACHE_HOME on macOS too, and only when it is absolute.
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    if xdg.startswith("/"):
+        return os.path.join(xdg, "kernel-bootstrap")
     if sys.platform == "darwin":
         return os.path.join(home, "Library", "Caches", "kernel-bootstrap")
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(home, ".cache")
-    return os.path.join(base, "kernel-bootstrap")
+    return os.path.join(home, ".cache", "kernel-bootstrap")
 
 
 def fingerprint_path(config_file: str) -> str | None:
@@ -95,11 +102,24 @@ def forget(config_file: str) -> None:
 
 
 def _read(path: str) -> str | None:
+    """The fingerprint's text, read as ``bootstrap.fs.read_state_file`` reads our state files
+    (never through a symlink, never blocking on a FIFO, regular files only, capped), with
+    ``os`` alone: importing bootstrap.fs costs more than the whole warm path."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
     try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
+        fd = os.open(path, flags)
+    except (OSError, ValueError):
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > _MAX_FINGERPRINT:
+            return None
+        data = os.read(fd, _MAX_FINGERPRINT + 1)
+        return data.decode("utf-8") if len(data) <= _MAX_FINGERPRINT else None
     except (OSError, UnicodeDecodeError):
         return None
+    finally:
+        os.close(fd)
 
 
 def check(config_file: str) -> tuple[str, str] | None:
@@ -134,19 +154,34 @@ def check(config_file: str) -> tuple[str, str] | None:
     return venv, python
 
 
-def config_file_for(explicit: str | None) -> str:
-    """The config file the CLI would use, made absolute (same rule as bootstrap.config)."""
+def config_file_for(explicit: str | None) -> str | None:
+    """The config file the CLI would use, made absolute as bootstrap.config makes it
+    (``Path.absolute()``); None for a spelling whose absolute form this could get wrong
+    (``..``, ``.``, doubled separators): those go the long way."""
     chosen = explicit or os.environ.get("KERNEL_BOOTSTRAP_CONFIG") or "kernel-bootstrap.toml"
-    return os.path.abspath(chosen)
+    if os.path.normpath(chosen) != chosen:
+        return None
+    return chosen if os.path.isabs(chosen) else os.path.join(os.getcwd(), chosen)
 
 
-def try_cli(argv: list[str]) -> int | None:
-    """The whole warm ``kernel-bootstrap ensure``; None to fall through to the full CLI.
+def parse_seconds(text: str) -> float | None:
+    """A ``--lock-timeout`` value as the CLI takes it (a number, 0 or more); None if invalid."""
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if value >= 0 else None  # also refuses NaN
 
-    Only the plain forms are handled here (``--config``, ``--json``, ``--strict``,
-    ``--lock-timeout``); anything else, including ``-v``, goes the long way.
+
+def parse_args(argv: list[str]) -> tuple[str | None, bool] | None:
+    """(``--config`` value, ``--json``) for the plain ``ensure`` forms; None for anything else.
+
+    Only the forms the full parser (bootstrap.cli) reads the same way are answered here:
+    ``--config PATH``, ``--config=PATH``, ``--json``, ``--strict``, ``--lock-timeout SECONDS``
+    with a valid value. Anything else (``-v``, abbreviations, ``--lock-timeout abc``, a value
+    that looks like an option) goes the long way, so it gets the full parser's answer.
     """
-    if not argv or argv[0] != "ensure" or os.environ.get("KERNEL_BOOTSTRAP_PYTHON"):
+    if not argv or argv[0] != "ensure":
         return None
     config: str | None = None
     as_json = False
@@ -154,20 +189,33 @@ def try_cli(argv: list[str]) -> int | None:
     i = 0
     while i < len(rest):
         arg = rest[i]
-        if arg in ("--config", "--lock-timeout") and i + 1 < len(rest):
-            if arg == "--config":
-                config = rest[i + 1]
+        if arg in ("--config", "--lock-timeout"):
+            value = rest[i + 1] if i + 1 < len(rest) else ""
+            if not value or value.startswith("-"):
+                return None
+            if arg == "--lock-timeout" and parse_seconds(value) is None:
+                return None
+            config = value if arg == "--config" else config
             i += 2
             continue
-        if arg.startswith("--config="):
+        if arg.startswith("--config=") and arg != "--config=":
             config = arg.partition("=")[2]
         elif arg == "--json":
             as_json = True
         elif arg != "--strict":
             return None
         i += 1
+    return config, as_json
+
+
+def try_cli(argv: list[str]) -> int | None:
+    """The whole warm ``kernel-bootstrap ensure``; None to fall through to the full CLI."""
+    parsed = parse_args(argv)
+    if parsed is None or os.environ.get("KERNEL_BOOTSTRAP_PYTHON"):
+        return None
+    config, as_json = parsed
     config_file = config_file_for(config)
-    found = check(config_file)
+    found = check(config_file) if config_file is not None else None
     if found is None:
         return None
     venv, python = found

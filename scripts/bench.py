@@ -156,7 +156,7 @@ def fig_inprocess(ws: Workspace, s: Settings, out: Results) -> None:
     from bootstrap import warm
     from bootstrap.config import load_config
     from bootstrap.engine import ensure
-    from bootstrap.state import assess
+    from bootstrap.readiness import status
 
     world = make_world(ws, "inprocess", 10)
     check(ours_argv(world))
@@ -166,7 +166,7 @@ def fig_inprocess(ws: Workspace, s: Settings, out: Results) -> None:
         raise RuntimeError("in-process ensure is not warm after a cold CLI run")
     variants = {
         "`bootstrap.engine.ensure(config)` (warm)": per_call(lambda: ensure(config)),
-        "`bootstrap.state.assess(config)` (its ready check)": per_call(lambda: assess(config)),
+        "`bootstrap.readiness.status(config)` (its ready check)": per_call(lambda: status(config)),
         "`bootstrap.config.load_config(path)` (once per process, not part of the call)":
             per_call(lambda: load_config(world.config)),
         "`bootstrap.warm.check(config_file)` (the CLI's fingerprint check)":

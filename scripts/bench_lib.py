@@ -336,7 +336,7 @@ def per_call(fn: Callable[[], object], budget: float = 0.05) -> Callable[[], flo
 
 
 def settle() -> None:
-    """Wait until files just written count as settled for bootstrap.skills' hash cache (it
+    """Wait until files just written count as settled for bootstrap.python_skill's hash cache (it
     caches a pyproject's digest only once the file is 2 s old)."""
     time.sleep(2.1)
 

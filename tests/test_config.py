@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -116,3 +117,27 @@ def test_default_venv_is_in_the_user_data_dir(world: World) -> None:
     world.config.write_text("")
     config = load_config(world.config)
     assert config.venv.name == "venv" and "kernel-bootstrap" in str(config.venv)
+
+
+@pytest.mark.parametrize("venv", ["v" * 300, "v" * 200, "deep/" + "d" * 256 + "/venv"])
+def test_a_venv_path_too_long_to_use_is_a_config_error_naming_the_key(world: World,
+                                                                       venv: str) -> None:
+    # A 300-character name was accepted; `status --json` then printed no JSON and `ensure`
+    # failed at the lock with a bare "File name too long".
+    world.write_config(venv=venv)
+    assert_rejected(world, "key 'venv'", "too long")
+    status = world.run("status", "--json")
+    assert status.returncode == 2 and "key 'venv'" in status.stderr
+    assert "Traceback" not in status.stderr
+
+
+def test_a_venv_path_too_long_from_the_environment_names_the_variable(world: World) -> None:
+    result = world.run("ensure", env={"KERNEL_BOOTSTRAP_VENV": str(world.root / ("v" * 300))})
+    assert result.returncode == 2 and "KERNEL_BOOTSTRAP_VENV" in result.stderr
+
+
+def test_the_longest_accepted_venv_name_builds_and_reports(world: World) -> None:
+    world.write_config(venv="v" * 191)
+    world.ensure()
+    status = world.run("status", "--json")
+    assert status.returncode == 0 and json.loads(status.stdout)["ready"] is True

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import Seam, seam_argv, seam_env
 from tests.world import World
 
 
@@ -293,3 +295,73 @@ def test_a_venv_whose_parent_cannot_hold_scratch_space_still_syncs_skills(
     assert result.action == "skills" and result.installed == ("gamma",)
     assert world.imports("gamma")
     assert not (world.root / "absent").exists()
+
+
+def _project(directory: Path, name: str) -> None:
+    (directory / "src" / name).mkdir(parents=True)
+    (directory / "src" / name / "__init__.py").write_text(f"VALUE = {name!r}\n")
+    (directory / "pyproject.toml").write_text(
+        f'[project]\nname = "{name}"\nversion = "1.0"\n'
+        f'[tool.hatch.build.targets.wheel]\npackages = ["src/{name}"]\n')
+
+
+def test_a_skill_under_a_path_with_hash_is_refused_naming_it_and_nothing_else_installs(
+        tmp_path: Path) -> None:
+    # uv read "-e /x/proj #2/skills/sk1" as "-e /x/proj" (the rest a comment) and installed
+    # the project that lives there, recorded as the skill. uv cannot take a "#" in a local
+    # path in any form, so such a skill fails by name and nothing else is installed for it.
+    world = World(tmp_path)
+    _project(world.skills_dir / "proj", "decoy")
+    skill = world.skills_dir / "proj #2" / "sk1"
+    skill.parent.mkdir()
+    world.skill("sk1").rename(skill)
+    world.skill("alpha")
+    world.write_config(skills=["skills/*", "skills/proj #2/sk1"])
+    result = world.ensure("--json")
+    out = json.loads(result.stdout)
+    assert out["installed"] == ["alpha"]
+    assert [f["name"] for f in out["failed"]] == ["sk1"]
+    assert repr(str(skill)) in out["failed"][0]["error"]
+    assert str(skill) in result.stderr
+    assert not world.imports("decoy") and not world.imports("sk1")
+    assert "sk1" not in world.marker()["skills"]
+    assert not any("decoy" in " ".join(c) or "proj" in world.editables(c)
+                   for c in world.installs())
+
+
+@pytest.mark.parametrize("name", ["sp ace;x=1 'q'", "tab\tx", "pct%41x", "uni-\u00e9"])
+def test_a_skill_under_an_odd_path_is_installed_and_recorded_as_itself(
+        tmp_path: Path, name: str) -> None:
+    world = World(tmp_path)
+    _project(world.skills_dir / "sp", "decoy")
+    skill = world.skills_dir / name / "odd"
+    skill.parent.mkdir()
+    world.skill("odd").rename(skill)
+    world.write_config(skills=[f"skills/{name}/odd"])
+    out = json.loads(world.ensure("--json").stdout)
+    assert out["installed"] == ["odd"] and out["failed"] == []
+    assert world.marker()["skills"]["odd"]["path"] == str(skill)
+    assert world.imports("odd") and not world.imports("decoy")
+
+
+def test_a_full_disk_while_preparing_the_skill_sync_names_the_file_and_leaves_no_attempt(
+        world: World) -> None:
+    # It ended with a bare "[Errno 28] No space left on device", and the attempt it had noted
+    # stayed in the marker, so the next session halved its groups for no reason.
+    world.ensure()
+    for name in ("gamma", "delta", "epsilon"):
+        world.skill(name)
+    env = seam_env(world.env, Seam(call="write", action="ENOSPC", match="skills.txt"))
+    result = subprocess.run(seam_argv(["ensure", "--config", str(world.config)]),
+                            capture_output=True, text=True, env=env, timeout=120, check=False)
+    assert result.returncode == 1, result.stderr
+    error = result.stderr.strip().splitlines()[-1]
+    assert error.startswith("error: could not write ") and "skills.txt" in error
+    assert "No space left on device" in error and "kernel-bootstrap ensure" in error
+    assert "Traceback" not in result.stderr
+    assert "attempt" not in world.marker()
+
+    world.clear_log()
+    out = json.loads(world.ensure("--json").stdout)
+    assert sorted(out["installed"]) == ["delta", "epsilon", "gamma"]
+    assert [len(world.editables(c)) for c in world.installs()] == [3]

@@ -25,8 +25,8 @@ from bootstrap.errors import ConfigError, SkillError
 from bootstrap.identity import SCHEMA, identity_of, runtime_inputs
 from bootstrap.lock import LockInfo, holder_path, read_holder
 from bootstrap.marker import MAX_DEPTH, base_marker, marker_path, read_marker
+from bootstrap.readiness import status
 from bootstrap.skillmd import SKILL_FILE, check_skill_dir, name_problem, parse_front_matter
-from bootstrap.state import assess
 
 # The autouse home guard is function-scoped, but it only points HOME at a temporary directory:
 # sharing one across the examples of a test is exactly what we want.
@@ -109,7 +109,7 @@ def ready_marker(config: Config) -> dict[str, Any]:
     data: dict[str, Any] = dict(base_marker({
         "identity": identity_of(inputs), "inputs": dict(inputs),
         "python": str(config.venv / "bin" / "python")}))
-    from bootstrap.skills import pyproject_hash
+    from bootstrap.python_skill import pyproject_hash
 
     for skill in config.skills:
         data["skills"][skill.name] = {"path": str(skill.path), "pyproject": pyproject_hash(skill),
@@ -202,7 +202,7 @@ def check_marker(config: Config, data: bytes) -> None:
         assert (read.state == "ok") == well_formed(obj), read.problem
     assert (read.data is not None) == (read.state == "ok")
     assert len(read.problem) < 1000, "a problem is one readable line, not the whole file"
-    found = assess(config)
+    found = status(config)
     # What `status` shows must be printable and serialisable too: that is where a crash would
     # surface for the person who ran it.
     json.dumps(status_dict(found, LockInfo(False, None)))
@@ -234,7 +234,7 @@ def mutated_markers(draw: st.DrawFn, config: Config) -> Any:
 
 def test_mutated_ready_markers_are_ok_only_when_well_formed(config: Config) -> None:
     check_marker(config, json.dumps(ready_marker(config)).encode())
-    assert assess(config).ready, "the unmutated marker must be ready, or the test proves nothing"
+    assert status(config).ready, "the unmutated marker must be ready, or the test proves nothing"
 
     @given(mutated_markers(config))
     def run(value: Any) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import errno
 import json
 import os
+import resource
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,7 @@ import pytest
 from bootstrap import marker as m
 from bootstrap.atomic import write_atomic
 from bootstrap.identity import SCHEMA
+from tests.world import World
 
 RUNTIME: m.RuntimeRecord = {"identity": "sha256:abc", "inputs": {}, "python": "/v/bin/python"}
 
@@ -110,3 +113,70 @@ def test_reading_never_raises(tmp_path: Path, content: bytes | None, state: str)
     assert read.state == state and read.data is None
     if state != "missing":
         assert "marker" in read.problem and str(tmp_path / m.MARKER_NAME) in read.problem
+
+
+# -- planted markers: never followed, never blocking, never read whole -------------------------
+
+def _bounded_cli(world: World, *args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI under a 2 GiB address-space limit and a timeout: reading /dev/zero whole or
+    blocking on a FIFO fails the test instead of taking the machine down or hanging it."""
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+    return subprocess.run(world.command(*args), capture_output=True, text=True, env=world.env,
+                          timeout=60, preexec_fn=limit, check=False)
+
+
+def _plant(path: Path, kind: str) -> None:
+    path.unlink()
+    if kind == "symlink to /dev/zero":
+        path.symlink_to("/dev/zero")
+    else:
+        os.mkfifo(path)
+
+
+PLANTS = ["symlink to /dev/zero", "FIFO"]
+
+
+@pytest.mark.parametrize("kind", PLANTS)
+def test_a_planted_marker_is_corrupt_with_a_warning_and_ensure_rebuilds(
+        tmp_path: Path, kind: str) -> None:
+    world = World(tmp_path)
+    world.skill("alpha")
+    world.ensure()
+    marker = world.venv / m.MARKER_NAME
+    _plant(marker, kind)
+
+    status = _bounded_cli(world, "status", "--json")
+    assert status.returncode == 1, status.stderr
+    report = json.loads(status.stdout)
+    assert report["marker"] == "corrupt" and report["ready"] is False
+    assert str(marker) in report["why"][0]
+    assert "Traceback" not in status.stderr
+
+    world.clear_log()
+    ensure = _bounded_cli(world, "ensure", "--json")
+    assert ensure.returncode == 0, ensure.stderr
+    assert json.loads(ensure.stdout)["action"] == "rebuild"
+    assert str(marker) in ensure.stderr and "Traceback" not in ensure.stderr
+    assert marker.is_file() and not marker.is_symlink()
+    assert m.read_marker(world.venv).state == "ok"
+
+
+@pytest.mark.parametrize("kind", PLANTS)
+def test_a_planted_pyvenv_cfg_neither_hangs_nor_exhausts_memory(tmp_path: Path,
+                                                                 kind: str) -> None:
+    world = World(tmp_path)
+    world.ensure()
+    cfg = world.venv / "pyvenv.cfg"
+    _plant(cfg, kind)
+
+    status = _bounded_cli(world, "status", "--json")
+    assert status.returncode == 1, status.stderr
+    report = json.loads(status.stdout)
+    assert report["runtime"] == "missing" and str(cfg) in report["why"][0]
+    ensure = _bounded_cli(world, "ensure")
+    # Whether it rebuilds or refuses a directory it no longer recognises as a venv, it answers
+    # within the bound, with one clear line and no traceback.
+    assert ensure.returncode in (0, 2), ensure.stderr
+    assert "Traceback" not in ensure.stderr

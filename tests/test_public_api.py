@@ -15,10 +15,10 @@ def test_every_exported_name_resolves(name: str) -> None:
     assert getattr(bootstrap, name) is not None
 
 
-def test_status_is_the_read_only_assessment() -> None:
-    from bootstrap.state import assess
+def test_status_is_the_read_only_check() -> None:
+    from bootstrap.readiness import status
 
-    assert bootstrap.status is assess
+    assert bootstrap.status is status
 
 
 def test_importing_the_package_imports_no_submodule() -> None:

@@ -155,3 +155,17 @@ def test_a_cold_machine_is_built(tmp_path: Path) -> None:
     assert data["done"][:2] == [f"rebuilt the runtime at {world.venv} (staged, then swapped "
                                 "into place)", "installed skill alpha"]
     assert data["healthy"] is True
+
+
+def test_a_failing_probe_names_its_purpose_not_its_whole_script(tmp_path: Path) -> None:
+    from bootstrap.errors import ProcessError
+    from bootstrap.probe import probe
+
+    broken = tmp_path / "python"
+    broken.write_text("#!/bin/sh\necho 'cannot start' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    with pytest.raises(ProcessError) as caught:
+        probe(broken, ["requests"], {})
+    message = str(caught.value)
+    assert "<probe:" in message and "cannot start" in message
+    assert "importlib.metadata" not in message and len(message.splitlines()) < 8

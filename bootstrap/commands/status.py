@@ -10,13 +10,14 @@ from typing import Any
 from bootstrap.config import Config, load_config
 from bootstrap.errors import EXIT_FAILED, EXIT_OK
 from bootstrap.lock import LockInfo, probe
-from bootstrap.state import Assessment, assess
+from bootstrap.readiness import Status
+from bootstrap.readiness import status as read_status
 from bootstrap.venv import python_version
 
 
 def status(config_path: Path | None, *, as_json: bool) -> int:
     config = load_config(config_path)
-    found = assess(config)
+    found = read_status(config)
     held = probe(config.venv)
     snapshot = snapshot_info(config)
     if as_json:
@@ -45,7 +46,7 @@ def snapshot_info(config: Config) -> dict[str, Any]:
     return {"store": str(config.snapshots), "key": key, "exists": Store(config.snapshots).has(key)}
 
 
-def status_dict(found: Assessment, held: LockInfo) -> dict[str, Any]:
+def status_dict(found: Status, held: LockInfo) -> dict[str, Any]:
     return {
         "ready": found.ready,
         "venv": str(found.venv),
@@ -60,7 +61,7 @@ def status_dict(found: Assessment, held: LockInfo) -> dict[str, Any]:
     }
 
 
-def render(found: Assessment, held: LockInfo) -> str:
+def render(found: Status, held: LockInfo) -> str:
     lines = [
         f"venv:    {found.venv}",
         f"python:  {found.python}",
@@ -84,7 +85,7 @@ def render(found: Assessment, held: LockInfo) -> str:
     return "\n".join(lines)
 
 
-def _next(found: Assessment) -> str:
+def _next(found: Status) -> str:
     if any(s.state == "failed" for s in found.skills):
         return "repair` after fixing the failed skills, or `kernel-bootstrap ensure"
     return "ensure"

@@ -158,3 +158,29 @@ def test_a_snapshot_restores_with_an_empty_uv_cache(real: RealWorld, tmp_path_fa
     script = subprocess.run([str(other / "bin" / "kb-runtime-demo")], capture_output=True,
                             text=True, check=False)
     assert script.stdout.strip() == "runtime ok"
+
+
+def test_skill_paths_reach_uv_as_themselves_or_are_refused_by_name(real: RealWorld) -> None:
+    # "-e /x/proj #2/sk1" in a requirements file made uv install /x/proj (the rest read as a
+    # comment). Paths now go as percent-encoded file:// URLs, which uv decodes exactly, except
+    # that it cannot take a "#" in a local path at all: such a skill fails, naming its path.
+    decoy = real.skills_dir / "proj"
+    (decoy / "decoy").mkdir(parents=True)
+    (decoy / "decoy" / "__init__.py").write_text("")
+    (decoy / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["hatchling"]\nbuild-backend = "hatchling.build"\n'
+        '[project]\nname = "decoy"\nversion = "1.0"\n')
+    odd = real.skills_dir / "odd dir; 'q' %41 \u00e9" / "oddskill"
+    hashed = real.skills_dir / "proj #2" / "sk1"
+    for target in (odd, hashed):
+        target.parent.mkdir()
+        real.skill(target.name).rename(target)
+    real.write_config(skills=[str(odd), str(hashed)])
+    result = real.ensure("--json")
+    out = json.loads(result.stdout)
+    assert out["installed"] == ["oddskill"]
+    assert [f["name"] for f in out["failed"]] == ["sk1"] and str(hashed) in result.stderr
+    assert real.imports("oddskill") and not real.imports("decoy") and not real.imports("sk1")
+    probe = subprocess.run([str(real.python), "-c", "import oddskill; print(oddskill.__file__)"],
+                           capture_output=True, text=True, check=True)
+    assert probe.stdout.strip().startswith(str(odd))

@@ -1,8 +1,11 @@
-"""What is true of the environment right now, read-only: the ready gate and ``status``.
+"""The environment's status, read-only: the ready gate of ``ensure`` and of ``status``.
 
-One function, :func:`assess`, answers both "may the warm path return?" and "what is wrong and
+One function, :func:`status`, answers both "may the warm path return?" and "what is wrong and
 why?". It stats, reads the marker and hashes each pyproject; it never runs a child process,
 never takes the lock and never writes, so the warm ``ensure`` costs about one interpreter start.
+
+The module is not called ``status``: ``bootstrap.status`` is the public function, and a
+submodule of that name would replace it as the package's attribute once imported.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from typing import Any, Literal
 from bootstrap.config import Config, Skill
 from bootstrap.identity import describe_change, identity_of, runtime_inputs
 from bootstrap.marker import MarkerRead, read_marker
-from bootstrap.skills import pyproject_state
+from bootstrap.python_skill import pyproject_state
 from bootstrap.venv import interpreter, python_version
 
 RuntimeState = Literal["current", "stale", "missing"]
@@ -30,7 +33,7 @@ class SkillStatus:
 
 
 @dataclass(frozen=True)
-class Assessment:
+class Status:
     venv: Path
     python: Path
     marker: MarkerRead
@@ -53,7 +56,7 @@ class Assessment:
         return [s.name for s in self.skills if s.state != "installed"]
 
 
-def assess(config: Config) -> Assessment:
+def status(config: Config) -> Status:
     venv = config.venv
     python = interpreter(venv)
     marker = read_marker(venv)
@@ -61,12 +64,21 @@ def assess(config: Config) -> Assessment:
     recorded: dict[str, Any] = marker.data["skills"] if marker.data else {}
     failed: dict[str, Any] = marker.data["failed"] if marker.data else {}
     # One stat per skill says whether it is a Python skill and, usually, its hash too.
-    found = [(s, *pyproject_state(s)) for s in config.skills]
+    found = [(s, *_pyproject_state(s)) for s in config.skills]
     skills = tuple(_skill_status(s, is_python, digest, recorded, failed)
                    for s, is_python, digest in found)
     python_names = {s.name for s, is_python, _ in found if is_python}
     stray = tuple(sorted(n for n in recorded if n not in python_names))
-    return Assessment(venv, python, marker, runtime, why, skills, stray)
+    return Status(venv, python, marker, runtime, why, skills, stray)
+
+
+def _pyproject_state(skill: Skill) -> tuple[bool, str]:
+    # A pyproject we cannot even stat (EACCES, EIO) is a Python skill that is not installed as
+    # it is now: `status` still prints its report, and `ensure` syncs it and reports the error.
+    try:
+        return pyproject_state(skill)
+    except OSError:
+        return True, ""
 
 
 def _runtime_state(config: Config, marker: MarkerRead,

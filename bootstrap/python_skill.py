@@ -19,7 +19,10 @@ from pathlib import Path
 from typing import Final
 
 from bootstrap.config import PYPROJECT, Skill
+from bootstrap.fs import write_all
 
+# Characters uv cannot take in a local project's path (see unusable_path_problem).
+_UV_UNUSABLE: Final = frozenset("#\n\r")
 _NAME_SEP = re.compile(r"[-_.]+")
 _REQ_NAME = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 
@@ -93,6 +96,9 @@ def load_python_skill(skill: Skill) -> PythonSkill:
     import tomllib
 
     digest = pyproject_hash(skill)
+    unusable = unusable_path_problem(skill.path)
+    if unusable:
+        return PythonSkill(skill, digest, "", frozenset(), unusable)
     try:
         data = tomllib.loads(skill.pyproject.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
@@ -159,13 +165,37 @@ def requirements_file(skills: Iterable[PythonSkill], directory: Path,
     command line, applies its freshness check to editables (a no-op costs ~17 ms, not a rebuild).
 
     A skill in ``wheels`` is listed as its editable wheel, built already (bootstrap.editables).
+    Every path goes as a percent-encoded ``file://`` URL: a bare path in this file is cut at
+    `` #`` (uv read ``-e /x/proj #2/sk1`` as ``-e /x/proj`` and installed that project instead).
     """
     path = directory / "skills.txt"
     wheels = wheels or {}
     lines = [f"{s.project} @ {wheels[s.name].as_uri()}" if s.name in wheels
-             else f"-e {s.skill.path}" for s in skills]
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+             else f"-e {s.skill.path.as_uri()}" for s in skills]
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        write_all(fd, ("\n".join(lines) + "\n").encode("utf-8", "surrogateescape"))
+    except OSError as e:
+        e.filename = e.filename or str(path)  # a failed write(2) names no file; say which
+        raise
+    finally:
+        os.close(fd)
     return path
+
+
+def unusable_path_problem(path: Path) -> str | None:
+    """Why uv cannot be pointed at ``path`` at all, if it cannot; None when it can.
+
+    Checked against uv 0.13.9: it decodes ``%23`` in a file URL to ``#`` and then reads the rest
+    as a fragment (a bare path fails the same way), and a newline in a path does not survive its
+    URL either. Everything else reaches it intact as a percent-encoded URL.
+    """
+    bad = sorted({c for c in str(path) if c in _UV_UNUSABLE})
+    if not bad:
+        return None
+    shown = " or ".join(repr(c) for c in bad)
+    return (f"the path {str(path)!r} contains {shown}, which uv cannot install from; "
+            "rename the directory (or move the skill) and run `kernel-bootstrap ensure` again")
 
 
 def import_names(skill: PythonSkill) -> list[str]:

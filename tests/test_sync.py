@@ -1,0 +1,78 @@
+"""Skill sync logic in process: how big a group goes to uv after an earlier session died."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bootstrap import marker as m
+from bootstrap.config import Skill
+from bootstrap.python_skill import PythonSkill
+from bootstrap.sync import _group_size
+
+RUNTIME: m.RuntimeRecord = {"identity": "sha256:abc", "inputs": {}, "python": "/v/bin/python"}
+
+
+def skills(*names: str) -> list[PythonSkill]:
+    return [PythonSkill(Skill(n, Path("/s") / n), "sha256:1", n, frozenset()) for n in names]
+
+
+def marker_with(attempt: Any = None) -> m.MarkerData:
+    data = m.base_marker(RUNTIME)
+    if attempt is not None:
+        data["attempt"] = attempt
+    return data
+
+
+def attempt(names: list[str], first: bool = True) -> dict[str, Any]:
+    return {"skills": names, "first": first, "pid": 123, "started": 1.0}
+
+
+EIGHT = [f"s{i}" for i in range(8)]
+
+
+def test_without_an_attempt_everything_goes_in_one_call() -> None:
+    assert _group_size(None, skills(*EIGHT)) == 8
+    assert _group_size(marker_with(), skills(*EIGHT)) == 8
+
+
+@pytest.mark.parametrize(("tried", "size"), [(8, 4), (4, 2), (3, 2), (2, 1), (1, 1)])
+def test_a_session_that_died_inside_its_first_call_halves_the_group(tried: int,
+                                                                    size: int) -> None:
+    assert _group_size(marker_with(attempt(EIGHT[:tried])), skills(*EIGHT)) == size
+
+
+def test_a_session_that_died_inside_a_later_call_keeps_the_size() -> None:
+    # It had spent part of its time on earlier calls: the size was not the problem.
+    assert _group_size(marker_with(attempt(EIGHT[:4], first=False)), skills(*EIGHT)) == 4
+
+
+def test_a_session_that_died_after_its_group_landed_keeps_the_size() -> None:
+    # None of the attempted skills is still pending: it died between calls.
+    assert _group_size(marker_with(attempt(["gone1", "gone2", "gone3", "gone4"])),
+                       skills(*EIGHT)) == 4
+
+
+@pytest.mark.parametrize("junk", [
+    "text", [], {"skills": "s0"}, {"skills": []}, {"skills": [1, 2]}, {"first": True},
+])
+def test_a_malformed_attempt_counts_as_none(junk: Any) -> None:
+    assert _group_size(marker_with(junk), skills(*EIGHT)) == 8
+
+
+def test_note_and_clear_attempt_round_trip_through_the_marker(tmp_path: Path) -> None:
+    m.write_marker(tmp_path, m.base_marker(RUNTIME))
+    m.note_attempt(tmp_path, RUNTIME["identity"], ["a", "b"], first=False)
+    found = m.attempt_of(m.read_marker(tmp_path).data)
+    assert found is not None and found["skills"] == ["a", "b"] and found["first"] is False
+    m.clear_attempt(tmp_path, RUNTIME["identity"])
+    data = m.read_marker(tmp_path).data
+    assert data is not None and "attempt" not in data
+
+
+def test_an_attempt_is_never_noted_on_a_marker_of_another_runtime(tmp_path: Path) -> None:
+    m.write_marker(tmp_path, m.base_marker(RUNTIME))
+    m.note_attempt(tmp_path, "sha256:other", ["a"], first=True)
+    assert m.attempt_of(m.read_marker(tmp_path).data) is None

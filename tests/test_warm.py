@@ -1,0 +1,230 @@
+"""The warm path: its copies of platformdirs, config discovery and argparse agree with the
+originals, and its fingerprint check holds only while nothing it stamped has changed."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import platformdirs
+import pytest
+
+from bootstrap import warm
+from bootstrap.cli import _UsageError, build_parser
+from bootstrap.config import find_config_file
+from tests.world import World
+
+# -- parity with what warm.py copies -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("xdg", [None, "relative/cache", "/somewhere/cache"])
+def test_the_cache_dir_is_platformdirs_user_cache_dir(monkeypatch: pytest.MonkeyPatch,
+                                                      xdg: str | None) -> None:
+    if xdg is None:
+        monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    else:
+        monkeypatch.setenv("XDG_CACHE_HOME", xdg)
+    assert warm.cache_dir() == platformdirs.user_cache_dir("kernel-bootstrap")
+
+
+@pytest.mark.parametrize(("explicit", "env"), [
+    (None, None), (None, "from-env.toml"), ("given.toml", "from-env.toml"),
+    ("/abs/given.toml", None), ("sub/../x.toml", None), (None, ""), ("./x.toml", None),
+    ("a//b.toml", None), ("//x.toml", None), ("///x.toml", None), ("dir/", None),
+    (None, "sub/./e.toml"),
+])
+def test_config_discovery_is_the_full_paths(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                            explicit: str | None, env: str | None) -> None:
+    monkeypatch.chdir(tmp_path)
+    if env is None:
+        monkeypatch.delenv("KERNEL_BOOTSTRAP_CONFIG", raising=False)
+    else:
+        monkeypatch.setenv("KERNEL_BOOTSTRAP_CONFIG", env)
+    full = find_config_file(Path(explicit) if explicit is not None else None).absolute()
+    found = warm.config_file_for(explicit)
+    # None leaves it to the full path; an answer must be the very file it would read.
+    assert found is None or found == str(full)
+
+
+def test_config_discovery_answers_the_plain_spellings(monkeypatch: pytest.MonkeyPatch,
+                                                     tmp_path: Path) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("KERNEL_BOOTSTRAP_CONFIG", raising=False)
+    assert warm.config_file_for(None) == str(tmp_path / "kernel-bootstrap.toml")
+    assert warm.config_file_for("sub/k.toml") == str(tmp_path / "sub" / "k.toml")
+    assert warm.config_file_for("/abs/k.toml") == "/abs/k.toml"
+
+
+# Every form the warm path answers, and near misses it must leave to the full parser.
+FORMS = [
+    ["ensure"], ["ensure", "--json"], ["ensure", "--strict"], ["ensure", "--json", "--strict"],
+    ["ensure", "--config", "k.toml"], ["ensure", "--config=k.toml"], ["ensure", "--config=a=b"],
+    ["ensure", "--config", "a", "--config", "b"], ["ensure", "--config", "a", "--config=b"],
+    ["ensure", "--lock-timeout", "5"], ["ensure", "--lock-timeout", "0"],
+    ["ensure", "--lock-timeout", "2.5e1"], ["ensure", "--lock-timeout", " 7 "],
+    ["ensure", "--lock-timeout", "inf"], ["ensure", "--lock-timeout", "1_000"],
+    ["ensure", "--lock-timeout", "abc"], ["ensure", "--lock-timeout", "-1"],
+    ["ensure", "--lock-timeout", "nan"], ["ensure", "--lock-timeout", ""],
+    ["ensure", "--lock-timeout"], ["ensure", "--lock-timeout=5"], ["ensure", "--config"],
+    ["ensure", "--config", "--json"], ["ensure", "--config="], ["ensure", "--config", ""],
+    ["ensure", "--config", "-x.toml"], ["ensure", "--js"], ["ensure", "--conf", "k.toml"],
+    ["ensure", "-v"], ["ensure", "--json=1"], ["ensure", "extra"], ["ensure", "--"],
+    ["ensure", "-h"], ["status"], [], ["--config", "k.toml", "ensure"],
+    ["ensure", "--strict", "--config", "k.toml", "--lock-timeout", "3", "--json"],
+]
+
+
+def _real_parse(argv: list[str]) -> tuple[str | None, bool] | None:
+    try:
+        args = build_parser().parse_args(argv)
+    except (_UsageError, SystemExit):
+        return None
+    if args.command != "ensure":
+        return None
+    return (str(args.config) if args.config is not None else None), bool(args.json)
+
+
+@pytest.mark.parametrize("argv", FORMS, ids=[" ".join(f) or "(none)" for f in FORMS])
+def test_what_the_warm_parser_accepts_the_full_parser_reads_the_same_way(
+        argv: list[str]) -> None:
+    warm_args = warm.parse_args(argv)
+    if warm_args is None:
+        return  # the full parser answers: same arguments, same answer by construction
+    assert _real_parse(argv) == warm_args
+
+
+def test_the_warm_parser_answers_the_plain_forms() -> None:
+    # Parity alone would hold for a warm parser that answers nothing: it must stay useful.
+    assert warm.parse_args(["ensure"]) == (None, False)
+    assert warm.parse_args(["ensure", "--config", "k", "--json", "--strict",
+                            "--lock-timeout", "5"]) == ("k", True)
+    assert warm.parse_args(["ensure", "--config=k"]) == ("k", False)
+
+
+@pytest.mark.parametrize("text", ["5", "0", "0.5", "1e3", "inf", " 7 ", "abc", "-1", "nan",
+                                  "", "-0", "1_0"])
+def test_lock_timeout_values_are_judged_by_one_rule(text: str) -> None:
+    try:
+        real: float | None = build_parser().parse_args(
+            ["ensure", "--lock-timeout", text]).lock_timeout
+    except (_UsageError, SystemExit):
+        real = None
+    assert warm.parse_seconds(text) == real
+
+
+def test_a_warm_ensure_with_an_invalid_lock_timeout_exits_2_as_a_cold_one(
+        tmp_path: Path) -> None:
+    world = World(tmp_path)
+    cold = world.run("ensure", "--lock-timeout", "abc")
+    world.ensure()
+    assert world.ensure("--json").returncode == 0  # warm now
+    warm_run = world.run("ensure", "--lock-timeout", "abc")
+    assert cold.returncode == warm_run.returncode == 2
+    assert warm_run.stdout == "" and "--lock-timeout" in warm_run.stderr
+
+
+# -- the fingerprint check, in process -----------------------------------------------------------
+
+
+@pytest.fixture
+def stamped(tmp_path: Path) -> tuple[str, list[str]]:
+    config = tmp_path / "kernel-bootstrap.toml"
+    config.write_text("")
+    other = tmp_path / "pyproject.toml"
+    other.write_text("[project]\n")
+    paths = [str(config), str(other), str(tmp_path / "absent")]
+    warm.save(str(config), "/v", "/v/bin/python", warm.stamps(paths))
+    return str(config), paths
+
+
+def test_an_unchanged_fingerprint_answers_with_the_venv_and_interpreter(
+        stamped: tuple[str, list[str]]) -> None:
+    config, _ = stamped
+    assert warm.check(config) == ("/v", "/v/bin/python")
+
+
+@pytest.mark.parametrize("change", ["edit", "touch", "create", "delete", "replace"])
+def test_any_change_to_a_stamped_path_falls_through(stamped: tuple[str, list[str]],
+                                                    change: str) -> None:
+    config, (_, other, absent) = stamped
+    if change == "edit":
+        Path(other).write_text("[project]\nname = 'x'\n")
+    elif change == "touch":
+        os.utime(other, ns=(time.time_ns(), time.time_ns() + 10**9))
+    elif change == "create":
+        Path(absent).write_text("")
+    elif change == "delete":
+        os.unlink(other)
+    else:
+        Path(other + ".new").write_text("[project]\n")
+        os.replace(other + ".new", other)
+    assert warm.check(config) is None
+
+
+def test_a_changed_environment_falls_through(stamped: tuple[str, list[str]],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    config, _ = stamped
+    monkeypatch.setenv("KERNEL_BOOTSTRAP_VENV", "/elsewhere")
+    assert warm.check(config) is None
+
+
+def test_a_fingerprint_for_another_config_or_in_another_format_falls_through(
+        stamped: tuple[str, list[str]]) -> None:
+    config, _ = stamped
+    path = Path(str(warm.fingerprint_path(config)))
+    text = path.read_text()
+    for bad in (text.replace(warm.FORMAT, "kernel-bootstrap-warm 0"),
+                text.replace(f"config\t{config}", "config\t/other.toml"),
+                text + "surprise\tline\n", text.rstrip("\n"), text.replace("venv\t/v\n", "")):
+        path.write_text(bad)
+        assert warm.check(config) is None, bad
+
+
+@pytest.mark.parametrize("kind", ["symlink to /dev/zero", "FIFO", "directory"])
+def test_a_planted_fingerprint_is_ignored_without_blocking_or_reading_it_whole(
+        stamped: tuple[str, list[str]], kind: str) -> None:
+    config, _ = stamped
+    path = Path(str(warm.fingerprint_path(config)))
+    text = path.read_text()
+    path.unlink()
+    if kind == "FIFO":
+        os.mkfifo(path)
+    elif kind == "directory":
+        path.mkdir()
+    else:
+        path.symlink_to("/dev/zero")
+    assert warm.check(config) is None
+    # Nor through a symlink to a valid fingerprint: it is not one we wrote there.
+    if kind != "directory":
+        path.unlink()
+        real = path.with_name("elsewhere")
+        real.write_text(text)
+        path.symlink_to(real)
+        assert warm.check(config) is None
+
+
+def test_a_config_path_too_long_for_a_file_name_is_never_fingerprinted(tmp_path: Path) -> None:
+    config = str(tmp_path / ("c" * 250) / "kernel-bootstrap.toml")
+    assert warm.fingerprint_path(config) is None
+    warm.save(config, "/v", "/v/bin/python", [])
+    assert warm.check(config) is None
+
+
+def test_save_does_not_rewrite_an_identical_fingerprint(stamped: tuple[str, list[str]]) -> None:
+    config, paths = stamped
+    path = Path(str(warm.fingerprint_path(config)))
+    before = os.stat(path)
+    warm.save(config, "/v", "/v/bin/python", warm.stamps(paths))
+    after = os.stat(path)
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+
+
+def test_the_warm_cli_prints_what_the_full_ensure_prints(tmp_path: Path) -> None:
+    world = World(tmp_path)
+    cold = json.loads(world.ensure("--json").stdout)
+    world.clear_log()
+    warm_out = json.loads(world.ensure("--json").stdout)
+    assert world.uv_calls() == []
+    assert warm_out == {**cold, "action": "ready", "installed": [], "failed": [], "removed": []}
