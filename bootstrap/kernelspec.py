@@ -9,20 +9,25 @@ new spec is staged beside ``kernels/``, not inside it, and renamed into place in
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
-import shutil
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Final, TypedDict
 
-from bootstrap.atomic import exchange
+from bootstrap import swap
 from bootstrap.config import Config, validate_requirements
 from bootstrap.errors import ConfigError
-from bootstrap.fs import fsync_dir, temp_name
+from bootstrap.fs import (
+    fsync_dir,
+    owner_pid,
+    pid_alive,
+    remove_quietly,
+    removed_on_failure,
+    temp_name,
+    write_all,
+)
 
 DEFAULT_NAME: Final = "kernel-bootstrap"
 # Jupyter's rule for kernel names; it lower-cases them when it installs and when it lists.
@@ -104,60 +109,52 @@ def install_spec(kernels: Path, name: str, spec: KernelSpec) -> Path:
     """Write ``kernels/name/kernel.json``, replacing any earlier spec of that name atomically."""
     target = kernels / name
     kernels.mkdir(parents=True, exist_ok=True)
+    site = _site(kernels, name)
+    _recover(site, target)
     staged = temp_name(kernels.parent / f"kernelspec-{name}", "stage")
-    with _removed_on_failure(staged):
+    with removed_on_failure(staged):
         staged.mkdir()
         _write_durably(staged / SPEC_FILE, json.dumps(spec, indent=1).encode() + b"\n")
         fsync_dir(staged)
-        _swap_in(staged, target)
+        swap.swap_in(site, staged, target)
     fsync_dir(kernels)
     return target
 
 
-def _swap_in(staged: Path, target: Path) -> None:
-    if not os.path.lexists(target):
-        os.rename(staged, target)
-        return
-    if exchange(staged, target):
-        _remove(staged)  # the old spec, now at the staging name
-        return
-    # Without RENAME_EXCHANGE there is an instant with no spec at `target`; a kill right there
-    # leaves the old one aside, and the next install replaces it anyway. A failure (not a kill)
-    # puts the old one back.
-    aside = temp_name(staged.with_name(f"kernelspec-{target.name}"), "old")
-    os.rename(target, aside)
-    try:
-        os.rename(staged, target)
-    except BaseException:
-        os.rename(aside, target)
-        raise
-    _remove(aside)
+def _site(kernels: Path, name: str) -> swap.Site:
+    # Staging, the outgoing spec and the journal live beside kernels/ (Jupyter lists every
+    # directory inside it), in a directory shared with other data: a journal may only name
+    # our own ".kernelspec-<name>." siblings. No lock guards installs, so a journal whose
+    # writer is still running is left to it.
+    base = kernels.parent / f"kernelspec-{name}"
+    return swap.Site(
+        live_dir=kernels, staging_dir=kernels.parent, aside_dir=kernels.parent,
+        noun="the new kernelspec", journal=lambda _: _journal(base),
+        aside=lambda _: temp_name(base, "old"), retire=remove_quietly,
+        complete=lambda staged: (staged / SPEC_FILE).is_file(),
+        prefix=f".{base.name}.", unlocked=True)
 
 
-def _remove(path: Path) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        if path.is_symlink() or not path.is_dir():
-            path.unlink()  # a symlinked spec: remove the link, never what it points at
-        else:
-            shutil.rmtree(path)
+def _journal(base: Path) -> Path:
+    return base.with_name(f".{base.name}.swap")
 
 
-@contextlib.contextmanager
-def _removed_on_failure(path: Path) -> Iterator[None]:
-    # BaseException: ^C mid-install must not leave a staging directory behind either.
-    try:
-        yield
-    except BaseException:
-        _remove(path)
-        raise
+def _recover(site: swap.Site, target: Path) -> None:
+    """Finish (or undo) a swap a kill interrupted, and remove what dead installs left."""
+    swap.recover(site, target)
+    journal = site.journal(target)
+    kinds = ((f"{site.prefix}stage-", "stage"), (f"{site.prefix}old-", "old"),
+             (f".{journal.name}.tmp-", "tmp"))
+    for path in site.staging_dir.iterdir():
+        tags = [tag for start, tag in kinds if path.name.startswith(start)]
+        if tags and not pid_alive(owner_pid(path.name, tags[0])):
+            remove_quietly(path)
 
 
 def _write_durably(path: Path, data: bytes) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+        write_all(fd, data)
         os.fsync(fd)
     finally:
         os.close(fd)

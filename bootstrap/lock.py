@@ -20,12 +20,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 from bootstrap import log
-from bootstrap.errors import LockTimeout
+from bootstrap.errors import ConfigError, LockTimeout
+from bootstrap.fs import read_state_file, remove_quietly, write_all
 
 if TYPE_CHECKING:
     from filelock import BaseFileLock
 
 ANNOUNCE_AFTER: Final = 2.0
+VENV_LOCK: Final = "the bootstrap lock"
+VENV_ADVICE: Final = ("See `kernel-bootstrap status`; if {who} is stuck, stop it ({stop}), or pass "
+                      "--lock-timeout SECONDS to wait longer.")
+_NOFOLLOW: Final = getattr(os, "O_NOFOLLOW", 0)
 
 
 def lock_path(venv: Path) -> Path:
@@ -33,7 +38,11 @@ def lock_path(venv: Path) -> Path:
 
 
 def holder_path(venv: Path) -> Path:
-    return venv.with_name(venv.name + ".lock.holder")
+    return _holder_of(lock_path(venv))
+
+
+def _holder_of(lock_file: Path) -> Path:
+    return lock_file.with_name(lock_file.name + ".holder")
 
 
 @dataclass(frozen=True)
@@ -43,9 +52,13 @@ class LockInfo:
 
 
 def read_holder(venv: Path) -> int | None:
-    """The pid recorded by the last holder; None when absent or unreadable."""
+    """The pid recorded by the last holder of the venv's lock; None when absent or unreadable."""
+    return _read_holder(lock_path(venv))
+
+
+def _read_holder(lock_file: Path) -> int | None:
     try:
-        obj = json.loads(holder_path(venv).read_bytes())
+        obj = json.loads(read_state_file(_holder_of(lock_file)))
     except (OSError, ValueError, RecursionError):
         return None
     pid = obj.get("pid") if isinstance(obj, dict) else None
@@ -60,7 +73,7 @@ def probe(venv: Path) -> LockInfo:
     import fcntl
 
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
     except OSError:
         return LockInfo(False, None)
     try:
@@ -76,18 +89,36 @@ def probe(venv: Path) -> LockInfo:
 
 
 @contextlib.contextmanager
-def hold(venv: Path, timeout: float, purpose: str = "bootstrap") -> Iterator[None]:
-    """Hold the lock for ``venv``; say once who we wait for; give up after ``timeout`` s."""
-    venv.parent.mkdir(parents=True, exist_ok=True)
-    lock = _file_lock(lock_path(venv))
-    _acquire(lock, venv, timeout)
+def hold(lock_file: Path, timeout: float, purpose: str = "bootstrap", *,
+         name: str = VENV_LOCK, advice: str = VENV_ADVICE) -> Iterator[None]:
+    """Hold the OS lock on ``lock_file``; say once who we wait for; give up after ``timeout`` s.
+
+    ``name`` says what is locked and ``advice`` what to do on a timeout (``{who}`` and
+    ``{stop}`` are filled in): the defaults are those of the venv's bootstrap lock.
+    """
+    _make_parent(lock_file.parent)
+    lock = _file_lock(lock_file)
+    _acquire(lock, lock_file, timeout, name, advice)
     try:
-        _write_holder(venv, purpose)
+        _write_holder(lock_file, purpose)
         yield
     finally:
-        with contextlib.suppress(OSError):
-            holder_path(venv).unlink()
+        remove_quietly(_holder_of(lock_file))
         lock.release()
+
+
+def _make_parent(directory: Path) -> None:
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except FileExistsError as e:
+        # mkdir reports a symlink loop on the way as "File exists", which said nothing useful.
+        try:
+            os.stat(directory)
+        except OSError as loop:
+            if loop.errno == errno.ELOOP:
+                raise ConfigError(f"{directory}: the path runs into a symlink loop; point the "
+                                  "venv at a directory you can create") from loop
+        raise ConfigError(f"{directory}: exists and is not a directory ({e.strerror})") from e
 
 
 def _file_lock(path: Path) -> BaseFileLock:
@@ -102,19 +133,23 @@ def _file_lock(path: Path) -> BaseFileLock:
         return FileLock(path)
 
 
-def _acquire(lock: BaseFileLock, venv: Path, timeout: float) -> None:
+def _acquire(lock: BaseFileLock, lock_file: Path, timeout: float, name: str,
+             advice: str) -> None:
     """Wait at most ``timeout`` s; say so once, naming the holder, if it takes over ~2 s."""
     started = time.monotonic()
     quiet = min(ANNOUNCE_AFTER, timeout)
     if _try_acquire(lock, quiet):
         return
     if timeout > quiet:
-        pid = _holder_now(venv)
-        log.warning(f"waiting for {_who(pid)} to release the bootstrap lock", holder_pid=pid,
-                    lock=str(lock_path(venv)), timeout_s=timeout)
+        pid = _holder_now(lock_file)
+        log.warning(f"waiting for {_who(pid)} to release {name}", holder_pid=pid,
+                    lock=str(lock_file), timeout_s=timeout)
         if _try_acquire(lock, max(0.0, timeout - (time.monotonic() - started))):
             return
-    raise LockTimeout(_timeout_message(venv, timeout, _holder_now(venv)))
+    pid = _holder_now(lock_file)
+    stop = f"kill {pid}" if pid else f"find it with lsof {lock_file}"
+    raise LockTimeout(f"timed out after {timeout:g} s waiting for {name} ({lock_file}), held "
+                      f"by {_who(pid)}. " + advice.format(who=_who(pid), stop=stop))
 
 
 def _try_acquire(lock: BaseFileLock, timeout: float) -> bool:
@@ -127,11 +162,11 @@ def _try_acquire(lock: BaseFileLock, timeout: float) -> bool:
     return True
 
 
-def _holder_now(venv: Path) -> int | None:
+def _holder_now(lock_file: Path) -> int | None:
     # The holder writes its record just after it gets the lock; a waiter looking in between
     # finds none, so look again briefly before settling for "another process".
     for _ in range(5):
-        pid = read_holder(venv)
+        pid = _read_holder(lock_file)
         if pid is not None:
             return pid
         time.sleep(0.02)
@@ -142,20 +177,21 @@ def _who(pid: int | None) -> str:
     return f"pid {pid}" if pid else "another process"
 
 
-def _timeout_message(venv: Path, timeout: float, pid: int | None) -> str:
-    who = _who(pid)
-    return (
-        f"timed out after {timeout:g} s waiting for the bootstrap lock of {venv}, held by {who}. "
-        f"See `kernel-bootstrap status`; if {who} is stuck, stop it "
-        f"({'kill ' + str(pid) if pid else 'find it with lsof ' + str(lock_path(venv))}), "
-        "or pass --lock-timeout SECONDS to wait longer."
-    )
-
-
-def _write_holder(venv: Path, purpose: str) -> None:
-    record = {"pid": os.getpid(), "started": time.time(), "purpose": purpose,
-              "argv": sys.argv[:8]}
-    # Not atomic on purpose: it is advisory (status only trusts it while the lock is held) and
-    # a torn record reads as "unknown pid", never as an error.
+def _write_holder(lock_file: Path, purpose: str) -> None:
+    """Record who holds the lock. Advisory: status trusts it only while the lock is held, and a
+    torn or missing record reads as "unknown pid", never as an error."""
+    record = json.dumps({"pid": os.getpid(), "started": time.time(), "purpose": purpose,
+                         "argv": sys.argv[:8]}).encode()
+    path = _holder_of(lock_file)
+    # Unlink, then create exclusively without following links: whatever was planted at this
+    # name (a symlink or hard link to someone's file) loses its name and is never written
+    # through. Only the lock holder writes here, so losing the race to a planter just means
+    # no record this time.
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
     with contextlib.suppress(OSError):
-        holder_path(venv).write_text(json.dumps(record), encoding="utf-8")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o644)
+        try:
+            write_all(fd, record)
+        finally:
+            os.close(fd)

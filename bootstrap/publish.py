@@ -14,30 +14,35 @@ name one complete tree:
 
 State lives beside ROOT, in ``.<ROOT name>.kb-publish/``: ``lock`` (never deleted),
 ``staging/<pid>-<token>/`` (reaped once the pid is gone), ``retired/<ns>-<pid>-<token>/``
-(reaped after the grace), ``journal/<name>.json``, and ``hashes/<name>.json`` (the installed
-hash, so a no-op publish does not re-read the installed tree).
+(reaped after the grace), ``journal/<name>.json`` (see :mod:`bootstrap.swap`), and
+``hashes/<name>.json`` (see :mod:`bootstrap.publish_hashes`). Others can write beside ROOT, so
+each of these must be a real directory: a symlink planted there is refused, never followed
+(one to a victim directory once had publish delete its subdirectories).
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import json
 import os
 import secrets
-import shutil
-import stat
-import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
+from contextlib import AbstractContextManager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, NamedTuple, TypedDict, cast
+from typing import Final, NamedTuple
 
-from bootstrap import log
-from bootstrap.atomic import DiskError, exchange, write_atomic
-from bootstrap.errors import BootstrapError, ConfigError, LockTimeout, SkillError
-from bootstrap.fs import fsync_dir
+from bootstrap import lock, log, swap
+from bootstrap.atomic import DiskError
+from bootstrap.errors import BootstrapError, ConfigError, SkillError
+from bootstrap.fs import (
+    fsync_dir,
+    is_real_dir,
+    owner_pid,
+    pid_alive,
+    remove_tree,
+    removed_on_exit,
+)
+from bootstrap.publish_hashes import installed_hash, remember
 from bootstrap.skilltree import (
     SkillTree,
     check_collisions,
@@ -47,7 +52,7 @@ from bootstrap.skilltree import (
 )
 
 STATE_SUFFIX: Final = ".kb-publish"
-SCHEMA: Final = 1
+_LOCK_ADVICE: Final = "If {who} is stuck, stop it ({stop}); otherwise publish again later."
 
 
 @dataclass(frozen=True)
@@ -59,21 +64,8 @@ class PublishResult:
     method: str  # "exchange" | "rename-aside" | "rename" | "unchanged"
 
 
-class _Journal(TypedDict):
-    schema: int
-    live: str
-    aside: str
-    staged: str
-
-
-class _HashRecord(TypedDict):
-    schema: int
-    hash: str
-    ino: int
-    signature: str
-
-
 class _State(NamedTuple):
+    root: Path
     base: Path
     staging: Path
     retired: Path
@@ -84,7 +76,8 @@ class _State(NamedTuple):
 
 def _state(root: Path) -> _State:
     base = state_dir(root)
-    return _State(base, *(base / n for n in ("staging", "retired", "journal", "hashes", "lock")))
+    return _State(root, base,
+                  *(base / n for n in ("staging", "retired", "journal", "hashes", "lock")))
 
 
 def state_dir(root: Path) -> Path:
@@ -115,8 +108,7 @@ def publish_trees(
     # Validation is over: from here on we write.
     root.mkdir(parents=True, exist_ok=True)
     state = _state(root)
-    for d in (state.staging, state.retired, state.journal, state.hashes):
-        d.mkdir(parents=True, exist_ok=True)
+    _checked_state(state, create=True)
     if os.stat(root).st_dev != os.stat(state.base).st_dev:
         raise BootstrapError(
             f"{root} is a mount point: publish stages beside it, in {state.base}, which must be "
@@ -124,7 +116,7 @@ def publish_trees(
         )
     with _locked(state, lock_timeout):
         _tidy(state, grace)
-        results = [_publish_one(state, root, t, h) for t, h in zip(trees, hashes, strict=True)]
+        results = [_publish_one(state, t, h) for t, h in zip(trees, hashes, strict=True)]
         _tidy(state, grace)
     return results
 
@@ -132,8 +124,9 @@ def publish_trees(
 def gc_publish_state(root: Path, grace: float, *, lock_timeout: float = 600.0) -> list[Path]:
     """Finish interrupted swaps, remove dead staging and trees retired over ``grace`` s ago."""
     state = _state(root.resolve())
-    if not state.base.is_dir():
+    if not os.path.lexists(state.base):
         return []
+    _checked_state(state, create=False)
     with _locked(state, lock_timeout):
         return _tidy(state, grace)
 
@@ -147,131 +140,46 @@ def _check_root(into: Path) -> Path:
     return root
 
 
-@contextlib.contextmanager
-def _locked(state: _State, timeout: float) -> Iterator[None]:
-    from filelock import FileLock, Timeout
+def _checked_state(state: _State, *, create: bool) -> None:
+    """Make (or find) the state directories, each a real directory of its own.
 
-    lock = FileLock(state.lock)
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        # Say something only when we actually have to wait.
-        log.info("waiting for another publish into this root", lock=str(state.lock))
-        try:
-            lock.acquire(timeout=timeout)
-        except Timeout:
-            raise LockTimeout(
-                f"{state.lock}: another publish held the lock for over {timeout:g} s; "
-                "retry, or check for a stuck kernel-bootstrap process"
-            ) from None
-    try:
-        yield
-    finally:
-        lock.release()
+    Checked one level at a time before the next is made, so nothing is ever created, removed
+    or chmod'ed through a planted link.
+    """
+    for d in (state.base, state.staging, state.retired, state.journal, state.hashes):
+        if create:
+            with suppress(FileExistsError):
+                d.mkdir()
+        elif not os.path.lexists(d):
+            continue
+        if not is_real_dir(d):
+            kind = "a symbolic link" if os.path.islink(d) else "not a directory"
+            raise BootstrapError(
+                f"{d} is {kind}: publish keeps its own state there and will not follow or "
+                f"replace it; remove it (everything in {state.base} is publish's own) and "
+                "run the command again"
+            )
 
 
-def _publish_one(state: _State, root: Path, tree: SkillTree, new_hash: str) -> PublishResult:
-    live = root / tree.name
-    if _installed_hash(state, live) == new_hash:
+def _locked(state: _State, timeout: float) -> AbstractContextManager[None]:
+    return lock.hold(state.lock, timeout, purpose="publish",
+                     name=f"the publish lock of {state.root}", advice=_LOCK_ADVICE)
+
+
+def _publish_one(state: _State, tree: SkillTree, new_hash: str) -> PublishResult:
+    live = state.root / tree.name
+    if installed_hash(state.hashes, live) == new_hash:
         return PublishResult(tree.name, live, new_hash, changed=False, method="unchanged")
     container = state.staging / f"{os.getpid()}-{secrets.token_hex(4)}"
-    with _removed_on_exit(container):
+    with removed_on_exit(container):
         staged = _stage(tree, new_hash, container)
         try:
-            method = _swap(state, staged, live)
+            method = swap.swap_in(_site(state), staged, live)
         except OSError as e:
             raise _swap_failed(tree.name, live, e) from e
-    _remember(state, live, new_hash, tree)
+    remember(state.hashes, live, new_hash, tree)
     log.debug("published", name=tree.name, path=str(live), swap=method)
     return PublishResult(tree.name, live, new_hash, changed=True, method=method)
-
-
-# --- the installed hash ------------------------------------------------------------------------
-
-
-def _installed_hash(state: _State, live: Path) -> str | None:
-    """The tree hash of what ``live`` holds now; None when absent or not a valid skill."""
-    try:
-        st = os.lstat(live)
-        if not stat.S_ISDIR(st.st_mode):
-            return None
-        tree = load_skill_tree(live)
-        record = _read_record(state, tree.name)
-        signature = _signature(tree)
-        if record and record["ino"] == st.st_ino and record["signature"] == signature:
-            return record["hash"]
-        digest = tree_hash(tree)
-    except (OSError, SkillError):
-        return None
-    _write_json(state.hashes / f"{tree.name}.json",
-                {"schema": SCHEMA, "hash": digest, "ino": st.st_ino, "signature": signature})
-    return digest
-
-
-def _signature(tree: SkillTree) -> str:
-    """A digest of the tree's metadata (no content): if it still matches, the content hash does.
-
-    Like git's index: a file rewritten in place keeping its size and mtime would go unnoticed.
-    """
-    h = hashlib.sha256()
-    for e in tree.entries:
-        h.update(repr((e.rel, e.kind, e.mode, e.size, e.mtime_ns, e.target)).encode())
-    return h.hexdigest()
-
-
-def _read_record(state: _State, name: str) -> _HashRecord | None:
-    path = state.hashes / f"{name}.json"
-    try:
-        data: Any = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as e:
-        log.warning("ignoring unreadable publish hash record", path=str(path), error=str(e))
-        return None
-    ok = isinstance(data, dict) and data.get("schema") == SCHEMA
-    return cast(_HashRecord, data) if ok and {"hash", "ino", "signature"} <= data.keys() else None
-
-
-def _remember(state: _State, live: Path, digest: str, tree: SkillTree) -> None:
-    """Record the hash of the tree just published, with the metadata that vouches for it.
-
-    The copy keeps every field the signature covers, so the source's signature is the live
-    tree's. Walking the live tree again held a second list of every entry (10^5 files: peak
-    RSS 141 MiB, now 93). Where a file system rounds mtimes, the record just never matches
-    and the next publish hashes the tree, as it does without a record.
-    """
-    try:
-        record: _HashRecord = {"schema": SCHEMA, "hash": digest, "ino": os.lstat(live).st_ino,
-                               "signature": _signature(tree)}
-    except OSError as e:
-        # Someone changed it already; the next publish simply hashes it again.
-        log.debug("not recording the published hash", path=str(live), error=str(e))
-        return
-    try:
-        _write_json(state.hashes / f"{live.name}.json", record)
-    except OSError as e:
-        # The tree is published; the record only saves the next publish a re-hash, and a stale
-        # one never matches the new tree's inode. A full disk here used to fail a publish
-        # that had already happened.
-        log.warning("published, but could not record its hash; the next publish re-hashes it",
-                    path=str(live), error=str(e))
-
-
-def _write_json(path: Path, data: _HashRecord | _Journal) -> None:
-    # A crash leaves the old record or the new one, never half of one.
-    write_atomic(path, json.dumps(data).encode())
-
-
-# --- staging -----------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _removed_on_exit(container: Path) -> Iterator[None]:
-    """Remove the staging container however we leave: success, error, ^C (not SIGKILL)."""
-    try:
-        yield
-    finally:
-        _rmtree(container)
 
 
 def _stage(tree: SkillTree, expected: str, container: Path) -> Path:
@@ -295,48 +203,19 @@ def _stage(tree: SkillTree, expected: str, container: Path) -> Path:
 # --- the swap ----------------------------------------------------------------------------------
 
 
-def _swap(state: _State, staged: Path, live: Path) -> str:
-    """Put ``staged`` at ``live``; the outgoing tree goes to ``retired/``. Returns the method.
-
-    An OSError means ``live`` was left as it was (or, if even the roll-back failed, the
-    journal lets the next run put a tree there). Once the new tree is in, nothing fails the
-    publish: tidying up the outgoing tree and syncing the directory are best effort.
-    """
-    if not os.path.lexists(live):
-        os.rename(staged, live)
-        _synced_after_swap(live)
-        return "rename"
-    if exchange(staged, live):  # False where unsupported, or with KERNEL_BOOTSTRAP_NO_EXCHANGE
-        # ``staged`` now names the outgoing tree; a crash before it is retired leaves it in a
-        # dead process's staging, which the next run reaps.
-        _synced_after_swap(live)
-        _retire_outgoing(state, staged, live)
-        return "exchange"
-    _rename_aside(state, staged, live)
-    return "rename-aside"
+def _site(state: _State) -> swap.Site:
+    # The outgoing tree stays in retired/ for the grace period (a reader may still be walking
+    # it). A ^C between the renames finishes the swap: the staged tree is always complete.
+    return swap.Site(
+        live_dir=state.root, staging_dir=state.staging, aside_dir=state.retired,
+        noun="the new skill tree", journal=lambda live: state.journal / f"{live.name}.json",
+        aside=lambda live: _retired_slot(state, live.name), finish_on_interrupt=True)
 
 
-def _synced_after_swap(live: Path) -> None:
-    try:
-        fsync_dir(live.parent)
-    except OSError as e:
-        log.warning("published, but could not sync the skill root; the swap may not survive a "
-                    "power loss", path=str(live), error=str(e))
-
-
-def _retire_outgoing(state: _State, outgoing: Path, live: Path) -> None:
-    """Keep the tree that was just swapped out for the grace period (readers may still be in
-    it). Failing to is a warning: it then goes with the staging directory, at once."""
-    slot = None
-    try:
-        slot = _retired_slot(state, live.name)
-        os.rename(outgoing, slot)
-    except OSError as e:
-        if slot is not None:
-            with contextlib.suppress(OSError):
-                slot.parent.rmdir()
-        log.warning("published, but could not keep the outgoing tree for readers; removing it "
-                    "now", path=str(live), error=str(e))
+def _retired_slot(state: _State, name: str) -> Path:
+    container = state.retired / f"{time.time_ns()}-{os.getpid()}-{secrets.token_hex(4)}"
+    container.mkdir()
+    return container / name
 
 
 def _swap_failed(name: str, live: Path, e: OSError) -> DiskError:
@@ -347,119 +226,37 @@ def _swap_failed(name: str, live: Path, e: OSError) -> DiskError:
                      "the swap", e)
 
 
-def _retired_slot(state: _State, name: str) -> Path:
-    container = state.retired / f"{time.time_ns()}-{os.getpid()}-{secrets.token_hex(4)}"
-    container.mkdir()
-    return container / name
-
-
-def _rename_aside(state: _State, staged: Path, live: Path) -> None:
-    """Old tree aside, new tree in. Between the two renames ``live`` is missing: the journal
-    lets the next run finish the swap (or undo it) if we die there."""
-    aside = _retired_slot(state, live.name)
-    journal = state.journal / f"{live.name}.json"
-    try:
-        _write_json(journal, {"schema": SCHEMA, "live": str(live), "aside": str(aside),
-                              "staged": str(staged)})
-        os.rename(live, aside)
-    except BaseException:
-        # Nothing moved yet: take back the journal and the empty slot (they used to stay until
-        # the next run, and the slot until its grace ran out). Should a ^C land just after the
-        # rename, the journal stays for the next run to put the old tree back.
-        if os.path.lexists(live):
-            with contextlib.suppress(OSError):
-                journal.unlink(missing_ok=True)
-                aside.parent.rmdir()
-        raise
-    try:
-        _rename_staged(staged, live)
-    except OSError:
-        # The rename into place failed and would likely fail again; undoing the one that just
-        # worked puts the old tree back now. If that fails too, the journal stays for the
-        # next run.
-        with contextlib.suppress(OSError):
-            os.rename(aside, live)
-            fsync_dir(live.parent)
-            journal.unlink()
-            aside.parent.rmdir()
-        raise
-    except BaseException:
-        # ^C in the window: the staged tree is complete, so finish the swap now rather than
-        # at the next run.
-        with contextlib.suppress(OSError):
-            _finish_swap(live, aside, staged)
-            journal.unlink()
-        raise
-    _synced_after_swap(live)
-    with contextlib.suppress(OSError):  # with the tree in place, recovery ignores the journal
-        journal.unlink()
-
-
-def _rename_staged(staged: Path, live: Path) -> None:
-    os.rename(staged, live)  # its own function: the seam where tests simulate a crash
-
-
 # --- recovery and reaping ----------------------------------------------------------------------
 
 
 def _tidy(state: _State, grace: float) -> list[Path]:
     """Called with the lock held, so no journal or staging here belongs to a running publish
     of ours; staging of a live pid is still left alone (it may be a process we don't know)."""
-    return [*_recover_journals(state), *_reap_staging(state), *_reap_retired(state, grace)]
+    return [*_recover_journals(state), *_reap_staging(state), *_reap_retired(state, grace),
+            *_reap_temp_files(state)]
 
 
 def _recover_journals(state: _State) -> list[Path]:
     done: list[Path] = []
-    for path in sorted(state.journal.glob("*.json")):
-        journal = _read_journal(path)
-        if journal is not None:
-            _finish_swap(Path(journal["live"]), Path(journal["aside"]), Path(journal["staged"]))
-        path.unlink()
-        done.append(path)
+    site = _site(state)
+    for path in _children(state.journal):
+        name = path.name.removesuffix(".json")
+        if name == path.name or name in ("", ".", "..") or ".tmp-" in path.name:
+            continue  # not a journal: write_atomic's temp files are reaped with the others
+        swap.recover(site, state.root / name)
+        if not os.path.lexists(path):
+            done.append(path)
     return done
 
 
-def _read_journal(path: Path) -> _Journal | None:
-    try:
-        data: Any = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        log.warning("ignoring unreadable publish journal", path=str(path), error=str(e))
-        return None
-    if not (isinstance(data, dict) and data.get("schema") == SCHEMA
-            and all(isinstance(data.get(k), str) for k in ("live", "aside", "staged"))):
-        log.warning("ignoring publish journal of an unknown format", path=str(path))
-        return None
-    return cast(_Journal, data)
-
-
-def _finish_swap(live: Path, aside: Path, staged: Path) -> None:
-    if os.path.lexists(live):
-        return  # the swap never started, or it completed: nothing is missing
-    # The journal is written only once staging is complete and fsynced, so a staged tree
-    # that still exists is whole: finish the swap. Otherwise put the old tree back.
-    source = staged if os.path.lexists(staged) else aside
-    log.warning("recovering an interrupted publish", live=str(live), restored=str(source))
-    os.rename(source, live)
-    fsync_dir(live.parent)
-
-
 def _reap_staging(state: _State) -> list[Path]:
-    dead = [p for p in _children(state.staging) if not _owner_alive(p.name)]
+    # Containers are named "<pid>-<token>": the pid of the publish that made them.
+    def owner(name: str) -> int | None:
+        pid = name.split("-", 1)[0]
+        return int(pid) if pid.isdigit() else None
+
+    dead = [p for p in _children(state.staging) if not pid_alive(owner(p.name))]
     return [p for p in dead if _removed(p)]
-
-
-def _owner_alive(container_name: str) -> bool:
-    pid_text = container_name.split("-", 1)[0]
-    if not pid_text.isdigit() or int(pid_text) <= 0:
-        return False
-    try:
-        # A zombie still counts as alive: the parent must have reaped a killed child first.
-        os.kill(int(pid_text), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _reap_retired(state: _State, grace: float) -> list[Path]:
@@ -472,35 +269,25 @@ def _reap_retired(state: _State, grace: float) -> list[Path]:
     return [p for p in expired if _removed(p)]
 
 
+def _reap_temp_files(state: _State) -> list[Path]:
+    """Temp files of journals and hash records whose writer was killed mid-write."""
+    found = [p for d in (state.journal, state.hashes) for p in _children(d)
+             if ".tmp-" in p.name and not pid_alive(owner_pid(p.name, "tmp"))]
+    return [p for p in found if _removed(p)]
+
+
 def _children(directory: Path) -> list[Path]:
     try:
         return sorted(directory.iterdir())
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return []
 
 
 def _removed(path: Path) -> bool:
-    """Remove a leftover; failing to is a warning, never a failed publish."""
+    """Remove a leftover (a link is unlinked, never followed); failing to is a warning."""
     try:
-        _rmtree(path)
+        remove_tree(path)
     except OSError as e:
         log.warning("could not remove a publish leftover", path=str(path), error=str(e))
         return False
     return True
-
-
-def _rmtree(path: Path) -> None:
-    """Remove a tree even when it holds read-only directories (copied modes)."""
-
-    def make_writable(func: Callable[..., Any], target: str, _exc: Any) -> None:
-        # Deleting an entry needs write permission on its directory.
-        with contextlib.suppress(OSError):
-            os.chmod(os.path.dirname(target), 0o700)
-        func(target)
-
-    if not os.path.lexists(path):
-        return
-    if sys.version_info >= (3, 12):
-        shutil.rmtree(path, onexc=make_writable)
-    else:
-        shutil.rmtree(path, onerror=make_writable)

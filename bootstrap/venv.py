@@ -7,20 +7,16 @@ replace removed the venv first; a failed rebuild then left its user with no kern
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import json
 import os
-import secrets
-import shutil
 import sys
 from pathlib import Path
 from typing import Final
 
-from bootstrap import log
-from bootstrap.atomic import DiskError, exchange, write_atomic
+from bootstrap import log, swap
+from bootstrap.atomic import DiskError
 from bootstrap.errors import BootstrapError
-from bootstrap.fs import fsync_dir
+from bootstrap.fs import read_state_file, remove_quietly, temp_name
 from bootstrap.marker import MARKER_NAME
 
 _STAGE: Final = "stage"
@@ -42,8 +38,9 @@ def scripts_dir(venv: Path) -> Path:
 def python_version(venv: Path) -> str | None:
     """The full version the venv runs, from ``pyvenv.cfg`` (no child process needed)."""
     try:
-        text = (venv / "pyvenv.cfg").read_text(encoding="utf-8", errors="replace")
-    except OSError:
+        # Never followed or read whole: a planted link to /dev/zero or a FIFO must not hang us.
+        text = read_state_file(venv / "pyvenv.cfg").decode("utf-8", errors="replace")
+    except (OSError, ValueError):
         return None
     values: dict[str, str] = {}
     for line in text.splitlines():
@@ -59,8 +56,9 @@ def is_venv(path: Path) -> bool:
 
 
 def sibling(live: Path, kind: str) -> Path:
-    """A hidden sibling of the live venv, named for its owner pid so leftovers can be traced."""
-    return live.with_name(f".{live.name}.{kind}-{os.getpid()}-{secrets.token_hex(4)}")
+    """A hidden sibling of the live venv, named for its owner pid so leftovers can be traced:
+    ``.<venv>.<kind>-<pid>-<token>``, as :func:`bootstrap.fs.temp_name` names them."""
+    return temp_name(live, kind)
 
 
 def staging_path(live: Path) -> Path:
@@ -94,6 +92,24 @@ def _names(directory: Path) -> list[str]:
         return []
 
 
+def _site(live: Path) -> swap.Site:
+    # The venv's siblings share its parent with whatever else the user keeps there: a journal
+    # may only name our own siblings of this venv.
+    return swap.Site(
+        live_dir=live.parent, staging_dir=live.parent, aside_dir=live.parent,
+        noun="the new venv", journal=lambda _: _journal(live),
+        # The new venv is live: failing to remove the old one must not fail the rebuild (the
+        # next locked run reaps it as a leftover).
+        aside=lambda _: sibling(live, _RETIRED), retire=remove_quietly, complete=_complete,
+        prefix=f".{live.name}.")
+
+
+def _complete(staged: Path) -> bool:
+    # The staged venv got its marker before the journal was written; one without it is not
+    # the venv we meant to swap in, so the old one goes back.
+    return (staged / MARKER_NAME).is_file() and interpreter(staged).exists()
+
+
 def swap_into_place(staged: Path, live: Path) -> str:
     """Move the validated ``staged`` venv to ``live``; return the method used.
 
@@ -103,85 +119,24 @@ def swap_into_place(staged: Path, live: Path) -> str:
     """
     had_venv = os.path.lexists(live)
     try:
-        if not had_venv:
-            os.rename(staged, live)
-            method = "rename"
-        elif exchange(staged, live):
-            method = "exchange"
-        else:
-            _rename_aside(staged, live)
-            return "rename-aside"
+        return swap.swap_in(_site(live), staged, live)
     except OSError as e:
-        # A bare "[Errno 5] Input/output error: '.venv.stage-…' -> 'venv'" said neither what
-        # failed nor what was left.
-        left = "the old venv is unchanged" if had_venv else "nothing was created there"
-        if had_venv and not os.path.lexists(live):
-            left = "the old venv is beside it; the next `kernel-bootstrap ensure` puts it back"
-        raise DiskError(f"could not move the new venv into place at {live}: {e.strerror or e}; "
-                        f"{left}. Run `kernel-bootstrap ensure` again once that is fixed.",
-                        e) from e
-    _synced_after_swap(live)
-    if method == "exchange":
-        _retire(staged, live)
-    return method
+        raise _swap_failed(live, had_venv, e) from e
 
 
-def _synced_after_swap(live: Path) -> None:
-    # The new venv is in place and in use from here on: a failing directory fsync must not
-    # fail (and, in the engine, remove) a rebuild that has happened. Say so instead.
-    try:
-        fsync_dir(live.parent)
-    except OSError as e:
-        log.warning("the new venv is in place, but its directory could not be synced; the swap "
-                    "may not survive a power loss", venv=str(live), error=str(e))
-
-
-def _rename_aside(staged: Path, live: Path) -> None:
-    aside = sibling(live, _RETIRED)
-    journal = _journal(live)
-    write_atomic(journal, json.dumps({"aside": str(aside), "staged": str(staged)}).encode())
-    try:
-        os.rename(live, aside)
-    except OSError as e:
-        journal.unlink(missing_ok=True)
-        # Windows refuses to rename a directory while a process runs from it.
-        busy = isinstance(e, PermissionError) or e.errno == errno.EBUSY
-        hint = "Is a kernel running from it? Stop it and" if busy else "Fix that and"
-        raise BootstrapError(
-            f"could not move the old venv {live} aside to swap the new one in: {e.strerror}. "
-            f"{hint} run `kernel-bootstrap ensure` again; the old venv is unchanged."
-        ) from e
-    try:
-        os.rename(staged, live)
-    except BaseException:
-        # Put the old venv back now rather than leave nothing at `live` until the next start;
-        # if even that fails, the journal lets recover() do it.
-        os.rename(aside, live)
-        journal.unlink(missing_ok=True)
-        raise
-    _synced_after_swap(live)
-    journal.unlink()
-    _remove_tree(aside)
-
-
-def _retire(old: Path, live: Path) -> None:
-    # After the exchange the old venv sits at the staging name; rename it to a "retired" name
-    # first so a kill during the slow rmtree leaves something recover() knows to remove. The
-    # new venv is already live: failing to tidy up must not fail the rebuild.
-    retired = sibling(live, _RETIRED)
-    try:
-        os.rename(old, retired)
-    except OSError:
-        retired = old
-    _remove_tree(retired)
-
-
-def _remove_tree(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
+def _swap_failed(live: Path, had_venv: bool, e: OSError) -> BootstrapError:
+    # A bare "[Errno 5] Input/output error: '.venv.stage-…' -> 'venv'" said neither what failed
+    # nor what was left.
+    left = "the old venv is unchanged" if had_venv else "nothing was created there"
+    if had_venv and not os.path.lexists(live):
+        left = "the old venv is beside it; the next `kernel-bootstrap ensure` puts it back"
+    # Windows refuses to rename a directory while a process runs from it.
+    if had_venv and (isinstance(e, PermissionError) or e.errno == errno.EBUSY):
+        hint = "Is a kernel running from it? Stop it and run `kernel-bootstrap ensure` again."
     else:
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
+        hint = "Run `kernel-bootstrap ensure` again once that is fixed."
+    return DiskError(f"could not move the new venv into place at {live}: {e.strerror or e}; "
+                     f"{left}. {hint}", e)
 
 
 def recover(live: Path) -> list[str]:
@@ -191,35 +146,12 @@ def recover(live: Path) -> list[str]:
     here belongs to a process that is gone. Returns what was done, for ``gc`` to report.
     """
     done: list[str] = []
-    journal = _journal(live)
-    if journal.exists():
-        done += _replay_journal(journal, live)
+    replayed = swap.recover(_site(live), live)
+    if replayed:
+        done.append(replayed)
     for path in leftovers(live):
-        _remove_tree(path)
+        remove_quietly(path)
         done.append(f"removed leftover {path}")
     if done:
         log.info("recovered leftovers", venv=str(live), actions=done)
-    return done
-
-
-def _replay_journal(journal: Path, live: Path) -> list[str]:
-    """A kill between the two renames left no venv at ``live``: put one there."""
-    try:
-        entry = json.loads(journal.read_bytes())
-        aside, staged = Path(entry["aside"]), Path(entry["staged"])
-    except (OSError, ValueError, KeyError, TypeError):
-        journal.unlink(missing_ok=True)
-        return [f"removed unreadable swap journal {journal}"]
-    done: list[str] = []
-    if not os.path.lexists(live):
-        # The staged venv got its marker before the journal was written; one without it is
-        # not the venv we meant to swap in, so the old one goes back.
-        if (staged / MARKER_NAME).is_file() and interpreter(staged).exists():
-            os.rename(staged, live)
-            done.append(f"finished an interrupted swap: {staged} -> {live}")
-        elif aside.is_dir():
-            os.rename(aside, live)
-            done.append(f"rolled back an interrupted swap: {aside} -> {live}")
-        fsync_dir(live.parent)
-    journal.unlink(missing_ok=True)
     return done

@@ -321,9 +321,8 @@ def _summary(call: str, paths: list[str]) -> dict[str, Any]:
 def seam_patches(run: SeamRun) -> list[tuple[object, str, object]]:
     """(object, attribute, replacement) for every seam; the caller applies them."""
     import bootstrap.atomic
-    import bootstrap.publish
     import bootstrap.skilltree
-    import bootstrap.venv
+    import bootstrap.swap
 
     calls = {r.call for r in run.rules}
     patches: list[tuple[object, str, object]] = []
@@ -350,7 +349,7 @@ def seam_patches(run: SeamRun) -> list[tuple[object, str, object]]:
         patches.append((os, name, wrap(name, getattr(os, name), two,
                                        lambda a, *_: _read(os.fsdecode(a)))))
     exchange = wrap("exchange", bootstrap.atomic.exchange, two, lambda *_: b"")
-    patches += [(bootstrap.venv, "exchange", exchange), (bootstrap.publish, "exchange", exchange)]
+    patches.append((bootstrap.swap, "exchange", exchange))
     if "write" in calls:
         patches.append((os, "write", wrap("write", os.write, lambda fd, *_: [_fd_path(fd)],
                                           lambda fd, data, *_: bytes(data))))

@@ -36,8 +36,8 @@ from bootstrap.engine import ensure
 from bootstrap.errors import BootstrapError
 from bootstrap.marker import read_marker
 from bootstrap.publish import publish, state_dir
+from bootstrap.readiness import status
 from bootstrap.skilltree import load_skill_tree, tree_hash
-from bootstrap.state import assess
 from bootstrap.venv import leftovers
 from tests.helpers import Seam, apply_seams
 from tests.world import World
@@ -113,7 +113,7 @@ def ready_world(root: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
 
 
 def ready(w: World) -> bool:
-    return assess(load_config(w.config)).ready
+    return status(load_config(w.config)).ready
 
 
 @pytest.fixture

@@ -5,6 +5,8 @@ from __future__ import annotations
 import errno
 import json
 import os
+import signal
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ import pytest
 from bootstrap import kernelspec
 from bootstrap.config import config_from_dict
 from bootstrap.errors import ConfigError
+from tests.helpers import Seam, seam_env
 from tests.world import World
 
 
@@ -196,3 +199,53 @@ def test_a_failed_install_keeps_the_old_spec_and_leaves_no_staging(
     assert (kernels / "agent" / "kernel.json").read_bytes() == before
     assert sorted(p.name for p in kernels.parent.iterdir()) == ["kernels"]
     assert sorted(p.name for p in kernels.iterdir()) == ["agent"]
+
+
+# --- a kill during the swap (rename-aside), with the seams of the fault tests ------------------
+
+_KILLED_INSTALL = """
+import json, sys
+from pathlib import Path
+from tests.helpers import install_seams_from_env
+install_seams_from_env()
+from bootstrap import kernelspec
+spec = json.loads(sys.argv[2])
+kernelspec.install_spec(Path(sys.argv[1]), "agent", spec)
+"""
+
+KILL_POINTS = {
+    # id: (call, a path substring, before/after)
+    "journal written": ("replace", ".kernelspec-agent.swap.tmp-", "after"),
+    "old spec aside": ("rename", "/kernels/agent", "after"),
+    "before the new spec moves in": ("rename", ".kernelspec-agent.stage-", "before"),
+    "new spec in, journal not yet removed": ("rename", ".kernelspec-agent.stage-", "after"),
+}
+
+
+@pytest.mark.parametrize("point", list(KILL_POINTS))
+def test_a_kill_between_the_renames_is_recovered_by_the_next_install(
+        kernels: Path, point: str) -> None:
+    call, match, when = KILL_POINTS[point]
+    rule = Seam(call, "kill", match=match, when=when, times=1)
+    env = seam_env({**os.environ, "KERNEL_BOOTSTRAP_NO_EXCHANGE": "1"}, rule)
+    child = subprocess.run([sys.executable, "-c", _KILLED_INSTALL, str(kernels), json.dumps(SPEC)],
+                           env=env, capture_output=True, text=True, check=False,
+                           start_new_session=True)
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    beside = sorted(p.name for p in kernels.parent.iterdir() if p.name != "kernels")
+    assert beside, "a kill mid-swap leaves its staging or journal behind"
+
+    # The next install finishes or undoes that swap before anything else, so even one that
+    # then fails itself leaves a kernel.json in place.
+    with pytest.MonkeyPatch.context() as patch, pytest.raises(OSError):
+        patch.setattr(kernelspec, "_write_durably", _fails)
+        kernelspec.install_spec(kernels, "agent", {**SPEC, "display_name": "newer"})
+    assert spec_at(kernels / "agent")["display_name"] in ("old", "new")
+    path = kernelspec.install_spec(kernels, "agent", {**SPEC, "display_name": "newer"})
+    assert spec_at(path)["display_name"] == "newer"
+    assert sorted(p.name for p in kernels.parent.iterdir()) == ["kernels"]
+    assert sorted(p.name for p in kernels.iterdir()) == ["agent"]
+
+
+def _fails(*_: object) -> None:
+    raise OSError(errno.ENOSPC, "No space left on device")

@@ -34,7 +34,7 @@ import pytest
 
 from bootstrap.config import load_config
 from bootstrap.marker import read_marker
-from bootstrap.state import assess
+from bootstrap.readiness import status
 from bootstrap.venv import leftovers
 from tests.helpers import (
     Seam,
@@ -325,7 +325,7 @@ def observe(point: Point, w: World, row: Row) -> None:
     found = read_marker(w.venv)
     assert found.state in ("ok", "missing"), found.problem  # never torn
     row.marker = found.state
-    before = assess(config)
+    before = status(config)
     if found.data:
         failures = f"; failed: {', '.join(sorted(found.data['failed']))}" \
             if found.data["failed"] else ""
@@ -358,7 +358,7 @@ def observe(point: Point, w: World, row: Row) -> None:
     if found.data and before.base_current:
         assert row.builds == 0, "rebuilt although the marker had the current runtime"
     assert point.builds in (None, row.builds), row.builds
-    after = assess(load_config(w.config))
+    after = status(load_config(w.config))
     row.ready = after.ready
     assert after.ready, after.why or after.pending
     assert not (w.root / ".venv.swap").exists()

@@ -19,8 +19,8 @@ from tests.world import World
 HOLDER = (
     "import sys, time\n"
     "from pathlib import Path\n"
-    "from bootstrap.lock import hold\n"
-    "with hold(Path(sys.argv[1]), 60):\n"
+    "from bootstrap.lock import hold, lock_path\n"
+    "with hold(lock_path(Path(sys.argv[1])), 60):\n"
     "    print('held', flush=True)\n"
     "    time.sleep(float(sys.argv[2]))\n"
 )
@@ -148,3 +148,36 @@ def test_status_on_a_cold_machine_creates_no_lock(tmp_path: Path) -> None:
     assert not (tmp_path / "state").exists()
     assert probe(tmp_path / "state" / "venv").held is False
     assert not (tmp_path / "state").exists()
+
+
+# --- what the lock finds on disk beside the venv --------------------------------------------
+
+
+@pytest.mark.parametrize("planted", ["symlink", "hard link"])
+def test_a_holder_record_planted_as_a_link_is_never_written_through(
+    world: World, tmp_path: Path, planted: str
+) -> None:
+    victim = tmp_path / "victim.conf"
+    victim.write_bytes(b"someone else's bytes\n")
+    holder = holder_path(world.venv)
+    holder.parent.mkdir(parents=True, exist_ok=True)
+    if planted == "symlink":
+        holder.symlink_to(victim)
+    else:
+        os.link(victim, holder)
+    world.ensure()
+    assert victim.read_bytes() == b"someone else's bytes\n"
+    proc = hold_lock(world.venv, seconds=0.3)  # and the record is written, as a file of ours
+    assert json.loads(holder.read_text())["pid"] == proc.pid and not holder.is_symlink()
+    proc.wait(timeout=10)
+    assert victim.read_bytes() == b"someone else's bytes\n"
+
+
+def test_a_venv_under_a_symlink_loop_is_a_config_error_that_says_so(tmp_path: Path) -> None:
+    world = World(tmp_path)
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    world.write_config(venv="loop/venv")
+    result = world.ensure(ok=False)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "symlink loop" in result.stderr and str(tmp_path / "loop") in result.stderr

@@ -25,7 +25,9 @@ import pytest
 import bootstrap
 import bootstrap.publish as pub
 import bootstrap.skilltree as skilltree
+from bootstrap import log
 from bootstrap.cli import main
+from bootstrap.fs import remove_tree
 from bootstrap.publish import gc_publish_state, publish, state_dir
 from bootstrap.skilltree import load_skill_tree, tree_hash
 from tests.helpers import sampling
@@ -336,10 +338,14 @@ import os, signal, sys
 from pathlib import Path
 import bootstrap.publish as pub
 
-def crash(staged, live):
-    os.kill(os.getpid(), signal.SIGKILL)  # dies with the old tree aside and the new one staged
+real = os.rename
 
-pub._rename_staged = crash
+def rename(src, dst):
+    if "/staging/" in str(src) and not str(dst).startswith(str(pub.state_dir(Path(sys.argv[2])))):
+        os.kill(os.getpid(), signal.SIGKILL)  # dies with the old tree aside, the new one staged
+    real(src, dst)
+
+os.rename = rename
 pub.publish([Path(sys.argv[1])], Path(sys.argv[2]))
 """
 
@@ -365,7 +371,7 @@ def test_a_swap_killed_between_its_renames_is_recovered(
         expected = "v2"
     else:
         for container in (state_dir(root) / "staging").iterdir():
-            pub._rmtree(container)
+            remove_tree(container)
         gc_publish_state(root, grace=0)
         expected = "v1"  # nothing staged to finish with: the old tree goes back
     assert classify(root / "demo") == expected
@@ -383,16 +389,23 @@ def test_an_interrupt_between_the_renames_puts_a_tree_back_at_once(
 ) -> None:
     publish([v1], root)
 
-    def interrupted(staged: Path, live: Path) -> None:
-        raise SimulatedInterrupt
+    real = os.rename
+    interrupts = []
 
-    original = pub._rename_staged
-    monkeypatch.setattr(pub, "_rename_staged", interrupted)
-    with pytest.raises(SimulatedInterrupt):
-        publish([v2], root, grace=0)
+    def rename(src: str, dst: str) -> None:
+        # ^C just as the staged tree would move in (the old one is aside already), once.
+        if "/staging/" in str(src) and Path(dst) == root.resolve() / "demo" and not interrupts:
+            interrupts.append(src)
+            raise SimulatedInterrupt
+        real(src, dst)
+
+    with monkeypatch.context() as m:
+        m.setattr(os, "rename", rename)
+        with pytest.raises(SimulatedInterrupt):
+            publish([v2], root, grace=0)
+    assert interrupts
     assert classify(root / "demo") == "v2"
     assert leftovers(root)["staging"] == [] and leftovers(root)["journal"] == []
-    monkeypatch.setattr(pub, "_rename_staged", original)
     (result,) = publish([v2], root, grace=0)
     assert result.method == "unchanged"
     assert leftovers(root) == {"staging": [], "retired": [], "journal": []}
@@ -416,7 +429,7 @@ def test_a_full_disk_during_the_copy_leaves_the_old_tree_intact(
         monkeypatch.setattr(skilltree, "_syncfs", lambda: lambda fd: 0)
         monkeypatch.setattr(skilltree, "_sync_fs", _disk_full)
     else:
-        monkeypatch.setattr(skilltree, "_write_all", _disk_full)
+        monkeypatch.setattr(skilltree, "write_all", _disk_full)
     code, out, err = run_cli(capsys, v2, "--into", root)
     assert code == 1
     assert out == ""
@@ -627,3 +640,93 @@ def test_a_symlinked_source_is_published_under_the_links_name(root: Path, tmp_pa
 def test_publish_trees_takes_loaded_trees(root: Path, v1: Path) -> None:
     (result,) = pub.publish_trees([load_skill_tree(v1)], root)
     assert result.method == "rename" and classify(root / "demo") == "v1"
+
+
+# --- what publish finds in its state directory (others can write there) -----------------------
+
+
+def modes_and_bytes(top: Path) -> dict[str, tuple[int, bytes]]:
+    """Every entry of ``top`` itself included: mode and bytes, as the victim's owner sees them."""
+    out = {".": (top.lstat().st_mode, b"")}
+    for dirpath, dirs, files in os.walk(top):
+        for n in dirs + files:
+            p = Path(dirpath) / n
+            st = p.lstat()
+            out[str(p.relative_to(top))] = (st.st_mode,
+                                            p.read_bytes() if stat.S_ISREG(st.st_mode) else b"")
+    return out
+
+
+@pytest.fixture
+def victim(tmp_path: Path) -> Path:
+    """Someone else's directory, with subdirectories publish's reaping would have removed."""
+    v = tmp_path / "victim"
+    for sub in ("1-deadbeef", "data", "0-old"):
+        (v / sub).mkdir(parents=True)
+        (v / sub / "f.txt").write_text(f"{sub}\n")
+    v.chmod(0o755)
+    return v
+
+
+def gc_cli(capsys: pytest.CaptureFixture[str], root: Path) -> tuple[int, str, str]:
+    code = main(["gc", "--root", str(root), "--grace", "0"])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("planted", ["staging", "retired", "journal", "hashes", "."])
+@pytest.mark.parametrize("command", ["publish", "gc"])
+def test_a_symlink_planted_in_the_state_dir_is_refused_and_its_target_untouched(
+    root: Path, v1: Path, v2: Path, victim: Path, planted: str, command: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    publish([v1], root, grace=0)
+    link = state_dir(root) / planted if planted != "." else state_dir(root)
+    remove_tree(link)
+    link.symlink_to(victim)
+    before = modes_and_bytes(victim)
+    capsys.readouterr()
+    code, _, err = run_cli(capsys, v2, "--into", root, "--grace", "0") if command == "publish" \
+        else gc_cli(capsys, root)
+    assert code == 1, err
+    assert "Traceback" not in err and f"error: {link} is a symbolic link" in err
+    assert modes_and_bytes(victim) == before
+    assert classify(root / "demo") == "v1"
+
+
+@pytest.mark.parametrize("command", ["publish", "gc"])
+def test_a_forged_journal_moves_nothing_and_is_named_in_a_warning(
+    root: Path, v1: Path, v2: Path, victim: Path, tmp_path: Path, command: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    publish([v1], root, grace=0)
+    elsewhere = tmp_path / "elsewhere"
+    journal = state_dir(root) / "journal" / "x.json"
+    # What the journal format once allowed: any live, aside and staged path on the file system.
+    journal.write_text(json.dumps({"schema": 1, "live": str(elsewhere), "aside": str(victim),
+                                   "staged": str(victim / "data")}))
+    before = modes_and_bytes(victim)
+    capsys.readouterr()
+    code, _, err = run_cli(capsys, v2, "--into", root, "--grace", "0") if command == "publish" \
+        else gc_cli(capsys, root)
+    assert code == 0, err
+    assert str(journal) in err and "warning" in err
+    assert modes_and_bytes(victim) == before and not elsewhere.exists()
+    assert classify(root / "demo") == ("v2" if command == "publish" else "v1")
+    assert leftovers(root) == {"staging": [], "retired": [], "journal": []}
+
+
+def test_a_hash_record_planted_as_a_link_is_neither_followed_nor_written_through(
+    root: Path, v1: Path, v2: Path, tmp_path: Path,
+) -> None:
+    log.configure()  # its warning goes to this test's stderr
+    publish([v1], root, grace=0)
+    target = tmp_path / "someone-elses.json"
+    target.write_text("precious\n")
+    record = state_dir(root) / "hashes" / "demo.json"
+    record.unlink()
+    record.symlink_to(target)
+    (result,) = publish([v2], root, grace=0)
+    assert result.changed and classify(root / "demo") == "v2"
+    assert target.read_text() == "precious\n"
+    assert not record.is_symlink()

@@ -9,18 +9,26 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from bootstrap import log
 from bootstrap.errors import BootstrapError
 from bootstrap.venv import interpreter, recover, staging_path, swap_into_place
 from tests.helpers import kill_group, start, wait_for
 from tests.world import World
 
 NEW_RUNTIME = ["requests>=2", "six"]
+
+
+@pytest.fixture(autouse=True)
+def fresh_log() -> None:
+    # In-process recovery logs: to this test's stderr, never to an earlier test's closed one.
+    log.configure()
 
 
 @pytest.fixture
@@ -197,10 +205,6 @@ def test_a_rebuild_killed_at_any_step_leaves_a_venv_and_the_next_start_converges
 
 # -- an interrupted rename-aside ------------------------------------------------------------
 
-class Killed(BaseException):
-    """Stands in for SIGKILL: nothing after it runs, not even `except Exception` handlers."""
-
-
 def fake_venv(path: Path, tag: str) -> Path:
     (path / "bin").mkdir(parents=True)
     (path / "bin" / "python").symlink_to(sys.executable)
@@ -213,29 +217,33 @@ def tag(venv: Path) -> str:
     return (venv / ".bootstrap-version").read_text()
 
 
-def die_at_rename_of(monkeypatch: pytest.MonkeyPatch, victim: Path) -> None:
-    """From the rename of ``victim`` on, every rename "kills" us (rename-aside forced)."""
-    real = os.rename
-    dead = False
+# A child swaps (rename-aside forced) and is SIGKILLed at the rename of argv[1].
+_KILLED_AT_RENAME = """
+import os, signal, sys
+from pathlib import Path
+real = os.rename
+def rename(src, dst):
+    if str(src) == sys.argv[1]:
+        os.kill(os.getpid(), signal.SIGKILL)
+    real(src, dst)
+os.rename = rename
+from bootstrap.venv import swap_into_place
+swap_into_place(Path(sys.argv[2]), Path(sys.argv[3]))
+"""
 
-    def rename(src: object, dst: object) -> None:
-        nonlocal dead
-        dead = dead or Path(str(src)) == victim
-        if dead:
-            raise Killed
-        real(src, dst)  # type: ignore[arg-type]
 
-    monkeypatch.setenv("KERNEL_BOOTSTRAP_NO_EXCHANGE", "1")
-    monkeypatch.setattr("bootstrap.venv.os.rename", rename)
+def killed_at_rename_of(victim: Path, staged: Path, live: Path) -> None:
+    env = {**os.environ, "KERNEL_BOOTSTRAP_NO_EXCHANGE": "1",
+           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    child = subprocess.run([sys.executable, "-c", _KILLED_AT_RENAME, str(victim), str(staged),
+                            str(live)], env=env, capture_output=True, text=True, check=False)
+    assert child.returncode == -signal.SIGKILL, child.stderr
 
 
-def interrupted_swap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+def interrupted_swap(tmp_path: Path) -> tuple[Path, Path]:
     live = fake_venv(tmp_path / "venv", "old")
     staged = fake_venv(staging_path(live), "new")
-    with monkeypatch.context() as m:
-        die_at_rename_of(m, staged)  # the second rename: the old venv is already aside
-        with pytest.raises(Killed):
-            swap_into_place(staged, live)
+    killed_at_rename_of(staged, staged, live)  # the second rename: the old venv is aside
     # The window rename-aside has: the old venv aside, the new one not yet in place.
     assert not live.exists()
     assert (tmp_path / ".venv.swap").is_file()
@@ -244,9 +252,9 @@ def interrupted_swap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[P
 
 
 def test_recovery_finishes_a_swap_whose_staged_venv_is_complete(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
-    live, _ = interrupted_swap(tmp_path, monkeypatch)
+    live, _ = interrupted_swap(tmp_path)
     done = recover(live)
     assert tag(live) == "new" and runs(interpreter(live))
     assert any(d.startswith("finished an interrupted swap") for d in done)
@@ -254,9 +262,9 @@ def test_recovery_finishes_a_swap_whose_staged_venv_is_complete(
 
 
 def test_recovery_rolls_back_a_swap_whose_staged_venv_is_incomplete(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
-    live, staged = interrupted_swap(tmp_path, monkeypatch)
+    live, staged = interrupted_swap(tmp_path)
     (staged / ".bootstrap-version").unlink()
     done = recover(live)
     assert tag(live) == "old" and runs(interpreter(live))
@@ -265,14 +273,11 @@ def test_recovery_rolls_back_a_swap_whose_staged_venv_is_incomplete(
 
 
 def test_recovery_after_a_kill_before_the_first_rename_keeps_the_live_venv(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
 ) -> None:
     live = fake_venv(tmp_path / "venv", "old")
     staged = fake_venv(staging_path(live), "new")
-    with monkeypatch.context() as m:
-        die_at_rename_of(m, live)  # journal written, nothing renamed yet
-        with pytest.raises(Killed):
-            swap_into_place(staged, live)
+    killed_at_rename_of(live, staged, live)  # journal written, nothing renamed yet
     assert (tmp_path / ".venv.swap").is_file()
     recover(live)
     assert tag(live) == "old"

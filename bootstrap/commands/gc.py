@@ -30,7 +30,7 @@ def gc(config_path: Path | None, *, as_json: bool, roots: Sequence[Path] = (),
     if config.venv.parent.is_dir():
         # Under the lock, every staging or retired tree belongs to a process that is gone: only
         # the holder builds. A live holder makes us wait (bounded), never remove its work.
-        with lock.hold(config.venv, lock_timeout, purpose="gc"):
+        with lock.hold(lock.lock_path(config.venv), lock_timeout, purpose="gc"):
             done = recover(config.venv)
     return _report(config.venv, done, as_json)
 
