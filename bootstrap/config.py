@@ -73,7 +73,7 @@ def find_config_file(explicit: Path | None) -> Path:
 
 
 def load_config(path: Path | str | None = None) -> Config:
-    """Read, validate and resolve a config file (see DESIGN.md §2 for the keys)."""
+    """Read, validate and resolve a config file (the keys: docs/architecture.md, README)."""
     file = find_config_file(Path(path) if path is not None else None).absolute()
     data = _read_toml(file)
     return config_from_dict(data, file)

@@ -68,7 +68,7 @@ from bench_report import Results, Table, Verdict, draw, load_curves, machine, ms
 from bench_report import write_markdown as write_blocks
 
 FIGURES = ("warm-cli", "inprocess", "cold", "kill", "growth-warm", "growth-cold", "push")
-# Modules the warm path must not import (DESIGN.md §4 measured most of them at 5-100 ms).
+# Modules the warm path must not import (each costs ~5-100 ms to import on this kind of machine).
 HEAVY = ("structlog", "asyncio", "packaging", "importlib.metadata", "filelock", "tomllib",
          "json", "argparse", "hashlib", "dataclasses", "typing", "pathlib", "subprocess",
          "platformdirs", "logging")
