@@ -31,23 +31,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bootstrap.push import load_trees
 from bootstrap.runtimes import ExecRuntime
 from bootstrap.skilltree import SkillTree
+from testing.skills import make_skill
 
 SIZES = (32, 128)
 Method = Callable[[ExecRuntime, SkillTree, Path], Coroutine[None, None, int]]
 
 
-def make_skill(parent: Path, n_files: int) -> Path:
+def bench_skill(parent: Path, n_files: int) -> Path:
     """A skill with ``n_files`` files of a few KiB in a few subdirectories, every 4th executable."""
-    root = parent / f"bench-{n_files}"
-    root.mkdir(parents=True)
-    (root / "SKILL.md").write_text(f"---\nname: bench-{n_files}\ndescription: bench\n---\n")
-    for i in range(n_files - 1):
-        path = root / f"part{i % 4}" / f"file{i:03}.py"
-        path.parent.mkdir(exist_ok=True)
-        path.write_bytes(os.urandom(1024 + (i * 97) % 3072))
-        if i % 4 == 0:
-            path.chmod(0o755)
-    return root
+    files = {f"part{i % 4}/file{i:03}.py": os.urandom(1024 + (i * 97) % 3072)
+             for i in range(n_files - 1)}
+    return make_skill(parent, f"bench-{n_files}", files, description="bench",
+                      executables=[rel for i, rel in enumerate(files) if i % 4 == 0])
 
 
 async def _call(argv: Sequence[str], data: bytes | None = None) -> None:
@@ -98,7 +93,7 @@ METHODS: dict[str, Method] = {
 
 def run(rounds: int, prefix: str, work: Path) -> dict[tuple[int, str], tuple[float, int]]:
     rt = ExecRuntime.from_prefix(prefix)
-    trees = {n: load_trees([make_skill(work / "src", n)])[0] for n in SIZES}
+    trees = {n: load_trees([bench_skill(work / "src", n)])[0] for n in SIZES}
     times: dict[tuple[int, str], list[float]] = {}
     calls: dict[tuple[int, str], int] = {}
     for _ in range(rounds):

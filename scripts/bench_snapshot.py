@@ -36,8 +36,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_lib import make_skill
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from testing.skills import Package, make_skill
 
 BIN = Path(sys.executable).parent
 RUNTIME = ["ipykernel>=6"]
@@ -51,7 +51,7 @@ _DROPPED = ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "CONDA_PREFIX", "PYTHONDO
 
 def make_skills(root: Path) -> None:
     for i in range(SKILLS):
-        make_skill(root, f"skill-{i}")
+        make_skill(root, f"skill-{i}", package=Package())
 
 
 def ensure(config: Path, venv: Path, cache: Path, env: dict[str, str]) -> float:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import kill_group, start, wait_for
-from tests.world import World
+from testing.processes import kill_group, start, wait_for
+from testing.world import World
 
 
 def hanging_on(world: World, name: str) -> bool:

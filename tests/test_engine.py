@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import Seam, seam_argv, seam_env
-from tests.world import World
+from testing.seams import Seam, seam_argv, seam_env
+from testing.world import World
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import fake_uv_shim, read_uv_log
+from testing.uvlog import fake_uv_shim, read_uv_log
 
 _FAULTS = ("FAKE_UV_FAIL", "FAKE_UV_HANG", "FAKE_UV_OFFINDEX", "FAKE_UV_DELAY",
            "FAKE_UV_DELAY_EACH", "FAKE_UV_SCRIPTS", "UV_OFFLINE", "UV_VENV_CLEAR")

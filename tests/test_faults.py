@@ -39,8 +39,9 @@ from bootstrap.publish import publish, state_dir
 from bootstrap.readiness import status
 from bootstrap.skilltree import load_skill_tree, tree_hash
 from bootstrap.venv import leftovers
-from tests.helpers import Seam, apply_seams
-from tests.world import World
+from testing.seams import Seam, apply_seams
+from testing.skills import versioned_skill
+from testing.world import World
 
 ERRORS = ("ENOSPC", "EIO", "EACCES")
 STRESS = bool(os.environ.get("KB_STRESS"))
@@ -292,15 +293,6 @@ V1 = ("SKILL.md", "a.txt", "sub/c.txt")
 V2 = ("SKILL.md", "b.txt", "sub/d.txt", "sub/deep/e.txt")
 
 
-def write_skill(parent: Path, version: str, files: tuple[str, ...]) -> Path:
-    skill = parent / "demo"
-    for rel in files:
-        (skill / rel).parent.mkdir(parents=True, exist_ok=True)
-        head = "---\nname: demo\ndescription: test\n---\n" if rel == "SKILL.md" else ""
-        (skill / rel).write_text(f"{head}{version}\n")
-    return skill
-
-
 def content(top: Path) -> dict[str, tuple[int, str]]:
     """Every entry below ``top``: mode and content digest, as a reader would see them."""
     out = {}
@@ -327,8 +319,8 @@ CLEAN: dict[str, list[str]] = {"staging": [], "journal": [], "retired": [], "tem
 def published(tmp_path: Path) -> tuple[Path, Path, Path]:
     """ROOT holding v1 of `demo` (grace 0: nothing retired), and a v2 source."""
     root = tmp_path / "out" / "skills"
-    v1 = write_skill(tmp_path / "v1", "v1", V1)
-    v2 = write_skill(tmp_path / "v2", "v2", V2)
+    v1 = versioned_skill(tmp_path / "v1", "v1", V1)
+    v2 = versioned_skill(tmp_path / "v2", "v2", V2)
     publish([v1], root, grace=0)
     return root, v1, v2
 

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.world import World
+from testing.world import World
 
 
 def test_gc_removes_the_staging_of_a_dead_publish(tmp_path: Path) -> None:

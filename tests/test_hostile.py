@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 
 from bootstrap.cli import main
-from tests.helpers import make_skill, peak_rss_run
+from testing.processes import peak_rss_run
+from testing.skills import make_skill
 
 TRANSPORTS = ("publish", "push")
 Build = Callable[[Path], tuple[Path, str]]

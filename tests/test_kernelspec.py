@@ -16,8 +16,8 @@ import pytest
 from bootstrap import kernelspec
 from bootstrap.config import config_from_dict
 from bootstrap.errors import ConfigError
-from tests.helpers import Seam, seam_env
-from tests.world import World
+from testing.seams import Seam, seam_env
+from testing.world import World
 
 
 @pytest.fixture
@@ -206,7 +206,7 @@ def test_a_failed_install_keeps_the_old_spec_and_leaves_no_staging(
 _KILLED_INSTALL = """
 import json, sys
 from pathlib import Path
-from tests.helpers import install_seams_from_env
+from testing.seams import install_seams_from_env
 install_seams_from_env()
 from bootstrap import kernelspec
 spec = json.loads(sys.argv[2])

@@ -36,16 +36,9 @@ from bootstrap.config import load_config
 from bootstrap.marker import read_marker
 from bootstrap.readiness import status
 from bootstrap.venv import leftovers
-from tests.helpers import (
-    Seam,
-    kill_group,
-    read_trace,
-    seam_argv,
-    seam_env,
-    spawn,
-    wait_for,
-)
-from tests.world import World
+from testing.processes import kill_group, spawn, wait_for
+from testing.seams import Seam, read_trace, seam_argv, seam_env
+from testing.world import World
 
 Event = dict[str, Any]
 RUNTIME = ["requests>=2"]

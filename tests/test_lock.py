@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from bootstrap.lock import holder_path, lock_path, probe
-from tests.world import World
+from testing.world import World
 
 HOLDER = (
     "import sys, time\n"

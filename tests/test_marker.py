@@ -15,7 +15,7 @@ import pytest
 from bootstrap import marker as m
 from bootstrap.atomic import write_atomic
 from bootstrap.identity import SCHEMA
-from tests.world import World
+from testing.world import World
 
 RUNTIME: m.RuntimeRecord = {"identity": "sha256:abc", "inputs": {}, "python": "/v/bin/python"}
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bootstrap.probe import ProbeResult, unmet_requirements
-from tests.world import World
+from testing.world import World
 
 
 def provided_env(world: World, name: str, *requirements: str,

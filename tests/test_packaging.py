@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO_ROOT
+from testing import REPO_ROOT
 
 
 def _build(kind: str, out: Path) -> Path:

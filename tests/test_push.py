@@ -22,7 +22,8 @@ from bootstrap.cli import main
 from bootstrap.push import push, push_sync
 from bootstrap.runtimes import PushedSkill, PushReport, runtime_for
 from bootstrap.skilltree import SkillTree
-from tests.helpers import make_skill, peak_rss_run
+from testing.processes import peak_rss_run
+from testing.skills import make_skill
 
 REPO = Path(__file__).resolve().parent.parent
 

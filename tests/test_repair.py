@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.world import World
+from testing.world import World
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from bootstrap.runtimes import (
     runtime_for,
     tar_stream,
 )
-from tests.helpers import make_skill
+from testing.skills import make_skill
 from tests.test_push import (
     SKILLS,
     assert_one_complete_version,

@@ -19,8 +19,8 @@ import pytest
 from bootstrap import log
 from bootstrap.errors import BootstrapError
 from bootstrap.venv import interpreter, recover, staging_path, swap_into_place
-from tests.helpers import kill_group, start, wait_for
-from tests.world import World
+from testing.processes import kill_group, start, wait_for
+from testing.world import World
 
 NEW_RUNTIME = ["requests>=2", "six"]
 

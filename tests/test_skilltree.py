@@ -21,16 +21,7 @@ from bootstrap.skilltree import (
     load_skill_tree,
     tree_hash,
 )
-
-
-def make_skill(parent: Path, name: str = "demo", files: dict[str, str] | None = None) -> Path:
-    skill = parent / name
-    skill.mkdir(parents=True)
-    (skill / "SKILL.md").write_text(f"---\nname: {name}\ndescription: test\n---\n")
-    for rel, text in (files or {}).items():
-        (skill / rel).parent.mkdir(parents=True, exist_ok=True)
-        (skill / rel).write_text(text)
-    return skill
+from testing.skills import make_skill
 
 
 def rels(src: Path) -> list[str]:

@@ -18,8 +18,8 @@ import pytest
 from bootstrap.config import default_python
 from bootstrap.snapshot import MANIFEST, BadSnapshot, Platform, Store, platform_of
 from bootstrap.uv import Uv
-from tests.helpers import fake_uv_shim
-from tests.world import World
+from testing.uvlog import fake_uv_shim
+from testing.world import World
 
 
 @pytest.fixture

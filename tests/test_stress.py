@@ -24,8 +24,9 @@ from pathlib import Path
 import pytest
 
 from bootstrap.publish import publish, state_dir
-from tests.helpers import sampling, spawn, start
-from tests.world import World
+from testing.processes import sampling, spawn, start
+from testing.skills import Package, make_skill
+from testing.world import World
 
 STRESS = bool(os.environ.get("KB_STRESS"))
 SKILLS = ("alpha", "beta", "gamma", "delta", "epsilon", "zeta")
@@ -72,21 +73,11 @@ def write_version(src: Path, version: str) -> Path:
     is the same in both. With pyprojects that differ, `repair --force` rightly exits 1 now and
     then: a publish landing between its fix and its final check makes the recorded skill
     stale, and repair says so (seen in 1 of 3 runs here)."""
-    skill = src / "demo"
-    files = {
-        "SKILL.md": "---\nname: demo\ndescription: raced\n---\n",
-        "src/demo/__init__.py": f"VALUE = {version!r}\n",
-        "data/table.txt": "row\n" * 50,
-        "data/deep/notes.txt": "note\n",
-    }
-    for rel, text in files.items():
-        (skill / rel).parent.mkdir(parents=True, exist_ok=True)
-        (skill / rel).write_text(f"{text}# {version}\n")
-    (skill / "pyproject.toml").write_text(
-        '[build-system]\nrequires = ["hatchling"]\nbuild-backend = "hatchling.build"\n\n'
-        '[project]\nname = "demo"\nversion = "1.0"\n\n'
-        '[tool.hatch.build.targets.wheel]\npackages = ["src/demo"]\n')
-    return skill
+    files = {"data/table.txt": "row\n" * 50 + f"# {version}\n",
+             "data/deep/notes.txt": f"note\n# {version}\n"}
+    package = Package(version="1.0", module_text=f"VALUE = {version!r}\n# {version}\n")
+    return make_skill(src, "demo", files, description="raced", body=f"# {version}\n",
+                      package=package, exist_ok=True)
 
 
 def classify(live: Path) -> str:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from tests.world import Call, World
+from testing.uvlog import Call, real_uv_shim
+from testing.world import World
 
 # An in-tree build backend: hatchling, except that building the editable hangs while a HANG
 # file sits in the project. It lets a test SIGKILL a real uv in the middle of a real build.
@@ -32,35 +32,13 @@ def _builds(call: Call) -> bool:
 
 
 class RealWorld(World):
-    """A World whose uv is the real one, behind a shim that logs each call (and -r contents)."""
+    """A World whose uv is the real one, behind a shim that logs each call as fake_uv does."""
 
     def __init__(self, root: Path) -> None:
         super().__init__(root)
         import uv
 
-        real = uv.find_uv_bin()
-        self.uv = root / "bin" / "uv-logged"
-        self.uv.write_text(textwrap.dedent(f"""\
-            #!{sys.executable}
-            import json, os, sys
-            argv = sys.argv[1:]
-            entry = {{"argv": argv, "pid": os.getpid()}}
-            if "-r" in argv:
-                path = argv[argv.index("-r") + 1]
-                with open(path) as f:
-                    lines = [line.strip() for line in f]
-                # A skill goes in as "-e DIR", or as the wheel kernel-bootstrap built for it in
-                # a directory named after it.
-                wheels = [w for w in lines if w.endswith(".whl")]
-                entry["editables"] = sorted(
-                    [os.path.basename(e.split(None, 1)[1]) for e in lines if e.startswith("-e ")]
-                    + [os.path.basename(os.path.dirname(w)) for w in wheels])
-                entry["wheels"] = len(wheels)
-            with open(os.environ["FAKE_UV_LOG"], "a") as log:
-                log.write(json.dumps(entry) + "\\n")
-            os.execv({real!r}, [{real!r}, *argv])
-            """))
-        self.uv.chmod(0o755)
+        self.uv = real_uv_shim(root / "bin" / "uv-logged", uv.find_uv_bin())
         self.env["KERNEL_BOOTSTRAP_UV"] = str(self.uv)
         self.env.pop("UV_OFFLINE", None)
         self.env.pop("KERNEL_BOOTSTRAP_BATCH_BUILDS", None)  # what users get

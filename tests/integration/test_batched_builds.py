@@ -49,13 +49,7 @@ def installed_files(venv: Path, project: str) -> dict[str, bytes]:
 
 def flat_skill(real: RealWorld, name: str) -> None:
     """A flat-layout skill (no src/: uv records that directory as absent), with a setup.cfg."""
-    path = real.skill(name)
-    module = name.replace("-", "_")
-    (path / "src" / module).rename(path / module)
-    (path / "src").rmdir()
-    pyproject = path / "pyproject.toml"
-    pyproject.write_text(pyproject.read_text().replace(f'"src/{module}"', f'"{module}"'))
-    (path / "setup.cfg").write_text("[metadata]\n")
+    real.skill(name, flat=True, files={"setup.cfg": "[metadata]\n"})
 
 
 def test_batched_installs_match_uvs_own_and_stay_fresh_for_uv(real: RealWorld) -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import make_skill
+from testing.skills import make_skill
 from tests.test_push import (
     SKILLS,
     assert_one_complete_version,

@@ -10,21 +10,12 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tests.helpers import fake_uv_shim, read_uv_entries
-
-
-class Call(list[str]):
-    """One logged uv call: its argv, plus what a ``pip install`` asked for."""
-
-    def __init__(self, entry: dict[str, Any]) -> None:
-        super().__init__(entry["argv"])
-        self.editables: list[str] = entry.get("editables", [])
-        self.requirements: list[str] = entry.get("requirements", [])
-        self.wheels: int = entry.get("wheels", 0)  # skills sent as prebuilt editable wheels
+from testing.skills import Package, make_skill
+from testing.uvlog import Call, fake_uv_shim, read_calls
 
 
 def toml_value(value: Any) -> str:
@@ -58,31 +49,13 @@ class World:
         lines = [f"{k} = {toml_value(v)}" for k, v in settings.items() if v is not None]
         self.config.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
-    def skill(self, name: str, *, python: bool = True, deps: tuple[str, ...] = (),
-              version: str = "0.1.0", project: str | None = None) -> Path:
-        path = self.skills_dir / name
-        module = name.replace("-", "_")
-        path.mkdir(parents=True, exist_ok=True)
-        (path / "SKILL.md").write_text(
-            f"---\nname: {name}\ndescription: test skill {name}\n---\n# {name}\n", "utf-8")
-        if python:
-            (path / "src" / module).mkdir(parents=True, exist_ok=True)
-            (path / "src" / module / "__init__.py").write_text(f"VALUE = {name!r}\n", "utf-8")
-            deps_toml = ", ".join(json.dumps(d) for d in deps)
-            (path / "pyproject.toml").write_text(textwrap.dedent(f"""\
-                [build-system]
-                requires = ["hatchling"]
-                build-backend = "hatchling.build"
-
-                [project]
-                name = "{project or name}"
-                version = "{version}"
-                dependencies = [{deps_toml}]
-
-                [tool.hatch.build.targets.wheel]
-                packages = ["src/{module}"]
-                """), "utf-8")
-        return path
+    def skill(self, name: str, *, python: bool = True, deps: Sequence[str] = (),
+              version: str = "0.1.0", project: str | None = None, flat: bool = False,
+              files: Mapping[str, str | bytes] | None = None) -> Path:
+        """A skill in the skills directory, by default a Python project (src layout)."""
+        package = Package(project, version, deps, flat) if python else None
+        return make_skill(self.skills_dir, name, files, description=f"test skill {name}",
+                          body=f"# {name}\n", package=package, exist_ok=True)
 
     # -- running ---------------------------------------------------------------------------
     def command(self, *args: str) -> list[str]:
@@ -108,7 +81,7 @@ class World:
 
     # -- observing -------------------------------------------------------------------------
     def uv_calls(self) -> list[Call]:
-        return [Call(e) for e in read_uv_entries(self.uv_log)]
+        return read_calls(self.uv_log)
 
     def clear_log(self) -> None:
         self.uv_log.unlink(missing_ok=True)

@@ -1,0 +1,14 @@
+"""The test kit: what tests/ and scripts/ share to build worlds and watch them.
+
+One concept per module: ``skills`` (the skill factory), ``uvlog`` (the uv shims and the reader
+of their call log), ``world`` (a throwaway config + skills + fake uv, and the CLI as a child),
+``seams`` (killing or failing one syscall of a run), ``processes`` (children: start, wait,
+kill, terminal, peak memory, sampling). It lives in the checkout only; the wheel ships
+``bootstrap`` alone.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
