@@ -5,6 +5,10 @@ The public API is imported lazily so that ``import bootstrap`` stays cheap on th
     from bootstrap import ensure, load_config
     result = ensure(load_config("kernel-bootstrap.toml"))
     result.python  # the interpreter to start the kernel with
+    result.failed  # {skill name: uv's error}
+
+Used in-process, it writes nothing to stderr: events go to the standard ``logging`` module under
+the logger ``kernel_bootstrap``. Expected failures raise :class:`BootstrapError` subclasses.
 """
 
 from __future__ import annotations

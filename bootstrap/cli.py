@@ -14,6 +14,29 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
     from collections.abc import Sequence
+    from pathlib import Path
+
+DESCRIPTION = ("Keep a Jupyter kernel's venv and its agent skills ready: build it once, then "
+               "start in milliseconds.")
+EPILOG = """\
+exit codes:
+  0  ok
+  1  failed: the environment could not be made ready, uv missing, lock timeout, push failed
+  2  usage or config error, invalid skill
+  3  ensure --strict: at least one skill failed
+
+environment:
+  KERNEL_BOOTSTRAP_CONFIG    the config file when --config is not given
+  KERNEL_BOOTSTRAP_VENV      overrides the config's `venv`
+  KERNEL_BOOTSTRAP_PYTHON    use this interpreter as it is (no venv is managed)
+  KERNEL_BOOTSTRAP_SNAPSHOTS overrides the config's `snapshots`
+  KERNEL_BOOTSTRAP_UV        the uv executable (default: uv's bundled binary, then PATH)
+  NO_COLOR                   no colour on a terminal"""
+# Global options may come before or after the subcommand (as uv's do). Each parser level keeps
+# its own copy under its own name; _merge_globals adds the counts and lets the last value win.
+_GLOBAL_VALUES = ("config", "log_format")
+_GLOBAL_COUNTS = ("verbose", "quiet")
+_DEPTHS = (0, 1, 2)
 
 
 class _UsageError(Exception):
@@ -32,14 +55,28 @@ def _parser_class() -> type[argparse.ArgumentParser]:
     return _Parser
 
 
-def _common(p: argparse.ArgumentParser, config: bool = True) -> None:
+def _globals(p: argparse.ArgumentParser, depth: int) -> None:
+    import argparse
     from pathlib import Path
 
-    if config:
-        p.add_argument("--config", type=Path, metavar="PATH", help="the config file")
-    p.add_argument("-v", "--verbose", action="count", default=0, help="say more (repeatable)")
-    p.add_argument("-q", "--quiet", action="count", default=0, help="say less")
-    p.add_argument("--log-format", choices=("console", "json"), default=None)
+    prefix = f"g{depth}_" if depth else ""
+
+    def default(value: object) -> object:
+        return argparse.SUPPRESS if depth else value
+
+    opts = p.add_argument_group("global options")
+    opts.add_argument("--config", dest=prefix + "config", type=Path, metavar="PATH",
+                      default=default(None),
+                      help="the config file (default: $KERNEL_BOOTSTRAP_CONFIG, else "
+                           "./kernel-bootstrap.toml, else [tool.kernel-bootstrap] in "
+                           "./pyproject.toml)")
+    opts.add_argument("-v", "--verbose", dest=prefix + "verbose", action="count",
+                      default=default(0), help="say more: debug lines (default: info)")
+    opts.add_argument("-q", "--quiet", dest=prefix + "quiet", action="count",
+                      default=default(0), help="say less: -q warnings only, -qq errors only")
+    opts.add_argument("--log-format", dest=prefix + "log_format", choices=("console", "json"),
+                      default=default(None),
+                      help="console or json (default: console on a terminal, json otherwise)")
 
 
 def _positive(text: str) -> float:
@@ -74,90 +111,159 @@ def _count(text: str) -> int:
     return int(text)
 
 
+def _prefix(text: str) -> Path:
+    import argparse
+    from pathlib import Path
+
+    # `--prefix "$CONDA_PREFIX"` with the variable unset used to write into the current directory.
+    if not text:
+        raise argparse.ArgumentTypeError("must not be empty (is $CONDA_PREFIX unset?)")
+    return Path(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """The full parser; use :func:`parse_args` to read argv (it merges the global options)."""
+    import argparse
 
     from bootstrap import __version__
 
     parser_class = _parser_class()
-    parser = parser_class(prog="kernel-bootstrap", description=(__doc__ or "").splitlines()[0])
-
-    parser.add_argument("--version", action="version", version=f"kernel-bootstrap {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=parser_class)
+    parser = parser_class(prog="kernel-bootstrap", description=DESCRIPTION, epilog=EPILOG,
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-V", "--version", action="version",
+                        version=f"kernel-bootstrap {__version__}")
+    _globals(parser, 0)
+    sub = parser.add_subparsers(dest="command", title="commands", metavar="COMMAND",
+                                parser_class=parser_class)
     _environment_commands(sub)
-    _tree_commands(sub, parser_class)
+    _tree_commands(sub)
+    _family_commands(sub, parser_class)
     return parser
+
+
+def _add(sub: argparse._SubParsersAction[argparse.ArgumentParser], name: str, about: str,
+         depth: int = 1) -> argparse.ArgumentParser:
+    p = sub.add_parser(name, help=about, description=about)
+    _globals(p, depth)
+    return p
+
+
+def _lock_timeout(p: argparse.ArgumentParser, default: float) -> None:
+    p.add_argument("--lock-timeout", type=_positive, default=default, metavar="SECONDS",
+                   help=f"how long to wait for another process's bootstrap (default: "
+                        f"{default:g})")
 
 
 def _environment_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """The commands about the managed venv."""
     from pathlib import Path
 
-    p = sub.add_parser("ensure", help="make the environment ready; print the interpreter path")
-    _common(p)
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p = _add(sub, "ensure", "make the environment ready; print the interpreter path")
+    p.add_argument("--json", action="store_true", help="print one JSON object, not the path")
     p.add_argument("--strict", action="store_true", help="exit 3 when any skill failed")
-    p.add_argument("--lock-timeout", type=_positive, default=300.0, metavar="SECONDS")
+    _lock_timeout(p, 300.0)
 
-    p = sub.add_parser("status", help="say whether the environment is ready, and why not")
-    _common(p)
-    p.add_argument("--json", action="store_true")
+    p = _add(sub, "status", "say whether the environment is ready, and why not (read-only)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
 
-    p = sub.add_parser("repair", help="verify the environment deeply and fix what is broken")
-    _common(p)
+    p = _add(sub, "repair", "verify the environment deeply and fix what is broken")
     p.add_argument("--force", action="store_true", help="rebuild from scratch (staged)")
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--lock-timeout", type=_positive, default=300.0, metavar="SECONDS")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    _lock_timeout(p, 300.0)
 
-    p = sub.add_parser("gc", help="remove leftovers of dead processes")
-    _common(p)
+    p = _add(sub, "gc", "remove leftovers of dead processes")
     p.add_argument("--root", dest="roots", action="append", type=Path, default=[],
-                   metavar="ROOT", help="also clean the publish state of this skill root")
-    p.add_argument("--grace", type=_positive, default=30.0, metavar="SECONDS")
-    p.add_argument("--lock-timeout", type=_positive, default=10.0, metavar="SECONDS")
-    p.add_argument("--json", action="store_true")
+                   metavar="ROOT", help="also clean the publish state of this skill root "
+                                        "(repeatable)")
+    p.add_argument("--grace", type=_positive, default=30.0, metavar="SECONDS",
+                   help="leave leftovers younger than this alone (default: 30)")
+    _lock_timeout(p, 10.0)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+    p = _add(sub, "init", "write a commented starter config (default: ./kernel-bootstrap.toml)")
+    p.add_argument("--force", action="store_true", help="overwrite an existing file")
 
 
-def _tree_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser],
-                   parser_class: type[argparse.ArgumentParser]) -> None:
-    """The commands that move skill trees, and the kernelspec and snapshot families."""
+def _tree_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The commands that move skill trees."""
     from pathlib import Path
 
-    p = sub.add_parser("publish", help="install skill trees atomically into a skill root")
-    _common(p)
-    p.add_argument("sources", nargs="+", type=Path, metavar="SRC")
-    p.add_argument("--into", type=Path, required=True, metavar="ROOT")
-    p.add_argument("--grace", type=_positive, default=30.0, metavar="SECONDS")
-    p.add_argument("--json", action="store_true")
+    p = _add(sub, "publish", "install skill trees atomically into a skill root")
+    p.add_argument("sources", nargs="+", type=Path, metavar="SRC", help="a skill directory")
+    p.add_argument("--into", type=Path, required=True, metavar="ROOT",
+                   help="the skill root agents read (required)")
+    p.add_argument("--grace", type=_positive, default=30.0, metavar="SECONDS",
+                   help="how long a replaced tree stays for its readers (default: 30)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
 
-    p = sub.add_parser("push", help="copy skill trees into runtimes as one tar stream")
-    _common(p)
-    p.add_argument("sources", nargs="+", type=Path, metavar="SRC")
-    p.add_argument("--dest", required=True, metavar="DIR")
-    p.add_argument("--exec", dest="execs", action="append", default=[], metavar="PREFIX")
-    p.add_argument("--jobs", type=_jobs, default=8, metavar="N")
-    p.add_argument("--json", action="store_true")
+    p = _add(sub, "push", "copy skill trees into runtimes as one tar stream")
+    p.add_argument("sources", nargs="+", type=Path, metavar="SRC", help="a skill directory")
+    p.add_argument("--dest", required=True, metavar="DIR",
+                   help="the skill root inside each runtime (required)")
+    p.add_argument("--exec", dest="execs", action="append", default=[], metavar="PREFIX",
+                   help='a runtime reached through this command, e.g. "docker exec -i CID" '
+                        "(repeatable; default: DIR on this machine)")
+    p.add_argument("--jobs", type=_jobs, default=8, metavar="N",
+                   help="runtimes pushed at once (default: 8)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
 
-    p = sub.add_parser("kernelspec", help="Jupyter kernelspec for the managed interpreter")
-    ks = p.add_subparsers(dest="kernelspec_command", required=True, parser_class=parser_class)
-    k = ks.add_parser("install", help="ensure, then write a kernelspec that runs the venv")
-    _common(k)
-    k.add_argument("--name", default="kernel-bootstrap", help="kernel name (directory name)")
-    k.add_argument("--display-name", default=None)
+
+def _family_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser],
+                     parser_class: type[argparse.ArgumentParser]) -> None:
+    """The kernelspec and snapshot families: a command with subcommands of its own."""
+    p = _add(sub, "kernelspec", "a Jupyter kernelspec for the managed interpreter")
+    ks = p.add_subparsers(dest="kernelspec_command", title="commands", metavar="COMMAND",
+                          parser_class=parser_class)
+    k = _add(ks, "install", "ensure, then write a kernelspec that runs the venv", depth=2)
+    k.add_argument("--name", default="kernel-bootstrap",
+                   help="kernel name, its directory's name (default: kernel-bootstrap)")
+    k.add_argument("--display-name", default=None,
+                   help="the name Jupyter shows (default: derived from the name and Python)")
     where = k.add_mutually_exclusive_group()
-    where.add_argument("--user", action="store_true", help="the user's Jupyter data dir")
-    where.add_argument("--prefix", type=Path, default=None, help="PREFIX/share/jupyter/kernels")
-    k.add_argument("--json", action="store_true")
+    where.add_argument("--user", action="store_true",
+                       help="the user's Jupyter data dir (the default)")
+    where.add_argument("--prefix", type=_prefix, default=None,
+                       help="PREFIX/share/jupyter/kernels, e.g. $CONDA_PREFIX (default: --user)")
+    k.add_argument("--json", action="store_true", help="print one JSON object")
 
-    p = sub.add_parser("snapshot", help="the snapshot store of prebuilt environments")
-    snap = p.add_subparsers(dest="snapshot_command", required=True, parser_class=parser_class)
-    s = snap.add_parser("list", help="list the snapshots in the store")
-    _common(s)
-    s.add_argument("--json", action="store_true")
-    s = snap.add_parser("prune", help="remove old snapshots")
-    _common(s)
-    s.add_argument("--keep", type=_count, default=None, metavar="N", help="keep the newest N")
-    s.add_argument("--older-than", type=_positive, default=None, metavar="DAYS")
-    s.add_argument("--json", action="store_true")
+    p = _add(sub, "snapshot", "the snapshot store of prebuilt environments")
+    snap = p.add_subparsers(dest="snapshot_command", title="commands", metavar="COMMAND",
+                            parser_class=parser_class)
+    s = _add(snap, "list", "list the snapshots in the store", depth=2)
+    s.add_argument("--json", action="store_true", help="print one JSON object")
+    s = _add(snap, "prune", "remove old snapshots", depth=2)
+    s.add_argument("--keep", type=_count, default=None, metavar="N",
+                   help="keep the newest N (default: keep all)")
+    s.add_argument("--older-than", type=_positive, default=None, metavar="DAYS",
+                   help="remove those older than this (default: any age)")
+    s.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+_FAMILIES = {"kernelspec": ("kernelspec_command", "install"),
+             "snapshot": ("snapshot_command", "list, prune")}
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """argv as the CLI reads it; raises _UsageError (exit 2) for anything it cannot run."""
+    parser = build_parser()
+    args = parser.parse_args(list(argv))
+    _merge_globals(args)
+    if args.command is None:
+        raise _UsageError(parser.format_help().rstrip() + "\n\nerror: a command is required")
+    family = _FAMILIES.get(args.command)
+    if family is not None and getattr(args, family[0]) is None:
+        raise _UsageError(f"{args.command} needs a subcommand: {family[1]}")
+    return args
+
+
+def _merge_globals(args: argparse.Namespace) -> None:
+    values = vars(args)
+    for name in _GLOBAL_VALUES:
+        for depth in _DEPTHS[1:]:
+            if f"g{depth}_{name}" in values:
+                values[name] = values.pop(f"g{depth}_{name}")
+    for name in _GLOBAL_COUNTS:
+        values[name] = sum(values.pop(f"g{d}_{name}", 0) or 0 for d in _DEPTHS[1:]) + values[name]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -167,18 +273,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     warm_exit = try_cli(args_list)
     if warm_exit is not None:
         return warm_exit
+    from bootstrap import log
+
     try:
-        args = build_parser().parse_args(args_list)
+        args = parse_args(args_list)
     except _UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
+        text = str(e)
+        # The help for a bare `kernel-bootstrap` is not an error message: only its last line is.
+        head, sep, last = text.rpartition("\n\nerror: ")
+        print(f"{head}\n\n{log.error_line(last)}" if sep else log.error_line(text),
+              file=sys.stderr)
         return 2  # EXIT_USAGE, spelled out to keep bootstrap.errors off the warm path
-    _configure_logging(args)
+    log.configure(verbosity=args.verbose - args.quiet, fmt=args.log_format)
     from bootstrap.errors import EXIT_FAILED, BootstrapError
 
     try:
-        return _dispatch(args)
+        return _run(args)
     except BootstrapError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(log.error_line(str(e)), file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -186,14 +298,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as e:
         # An unexpected I/O failure (disk full, permission) is still the user's environment,
         # not our bug: one clear line, no traceback.
-        print(f"error: {e}", file=sys.stderr)
+        print(log.error_line(str(e)), file=sys.stderr)
         return EXIT_FAILED
 
 
-def _configure_logging(args: argparse.Namespace) -> None:
-    from bootstrap import log
-
-    log.configure(verbosity=args.verbose - args.quiet, fmt=args.log_format)
+def _run(args: argparse.Namespace) -> int:
+    try:
+        return _dispatch(args)
+    finally:
+        progress = sys.modules.get("bootstrap.progress")
+        if progress is not None:
+            # A step cut short by an error or ^C: end its live line before the message.
+            progress.stop()
 
 
 def _dispatch(args: argparse.Namespace) -> int:
@@ -217,6 +333,10 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         return gc(args.config, roots=args.roots, grace=args.grace, as_json=args.json,
                   lock_timeout=args.lock_timeout)
+    if cmd == "init":
+        from bootstrap.commands.init import init
+
+        return init(args.config, force=args.force)
     if cmd == "publish":
         from bootstrap.commands.publish import publish
 

@@ -20,6 +20,9 @@ from bootstrap.skillmd import check_skill_dir
 
 DEFAULT_FILE: Final = "kernel-bootstrap.toml"
 PYPROJECT: Final = "pyproject.toml"
+# The table of a pyproject.toml that configures us, as ruff's and pytest's do them.
+TABLE: Final = "tool.kernel-bootstrap"
+ENV_CONFIG: Final = "KERNEL_BOOTSTRAP_CONFIG"
 _KEYS: Final = frozenset(
     {"venv", "python", "requirements", "constraints", "uv-args", "skills", "ready-check",
      "snapshots"}
@@ -44,6 +47,8 @@ class Skill:
 
 @dataclass(frozen=True)
 class Config:
+    """A validated config (see :func:`load_config`): absolute paths, env overrides applied."""
+
     path: Path | None
     venv: Path
     python: str
@@ -65,59 +70,112 @@ class Config:
 
 
 def find_config_file(explicit: Path | None) -> Path:
-    """``--config``, else ``$KERNEL_BOOTSTRAP_CONFIG``, else ``./kernel-bootstrap.toml``."""
+    """``--config``, else ``$KERNEL_BOOTSTRAP_CONFIG``, else ``./kernel-bootstrap.toml``, else
+    ``./pyproject.toml`` when it has a ``[tool.kernel-bootstrap]`` table (``bootstrap.warm``
+    discovers the same file without reading TOML)."""
     if explicit is not None:
         return explicit
-    env = os.environ.get("KERNEL_BOOTSTRAP_CONFIG")
-    return Path(env) if env else Path(DEFAULT_FILE)
+    env = os.environ.get(ENV_CONFIG)
+    if env:
+        return Path(env)
+    if not os.path.exists(DEFAULT_FILE) and _has_table(Path(PYPROJECT)):
+        return Path(PYPROJECT)
+    return Path(DEFAULT_FILE)
+
+
+def source_name(file: Path | None) -> str:
+    """How messages name a config source: the file, and the table when it is a pyproject."""
+    return f"{file} [{TABLE}]" if file is not None and file.name == PYPROJECT else f"{file}"
 
 
 def load_config(path: Path | str | None = None) -> Config:
-    """Read, validate and resolve a config file (the keys: docs/architecture.md, README)."""
-    file = find_config_file(Path(path) if path is not None else None).absolute()
-    data = _read_toml(file)
+    """Find (see :func:`find_config_file`), read, validate and resolve the config (the keys:
+    docs/architecture.md, README). Anything wrong is a
+    :class:`~bootstrap.errors.ConfigError` naming the file, and the key or table."""
+    explicit = Path(path) if path is not None else None
+    file = find_config_file(explicit).absolute()
+    data = _read_toml(file, _missing(explicit))
+    if file.name == PYPROJECT:
+        data = _table(data, file)
     return config_from_dict(data, file)
 
 
-def _read_toml(file: Path) -> dict[str, Any]:
+def _missing(explicit: Path | None) -> str:
+    """What to say when the chosen config file does not exist, by where its name came from."""
+    if explicit is not None:
+        return f"config file {explicit} does not exist"
+    env = os.environ.get(ENV_CONFIG)
+    if env:
+        return f"config file {env} (from {ENV_CONFIG}) does not exist"
+    return (f"no config file: ./{DEFAULT_FILE} does not exist and ./{PYPROJECT} has no "
+            f"[{TABLE}] table; run `kernel-bootstrap init` to write one, or pass --config PATH")
+
+
+def _has_table(pyproject: Path) -> bool:
+    """Whether ``pyproject`` configures us; one we cannot parse does (its error is reported)."""
+    import tomllib
+
+    try:
+        data = tomllib.loads(pyproject.read_bytes().decode("utf-8"))
+    except OSError:
+        return False
+    except (ValueError, RecursionError):  # includes TOMLDecodeError and UnicodeDecodeError
+        return True
+    tool = data.get("tool")
+    return isinstance(tool, dict) and "kernel-bootstrap" in tool
+
+
+def _table(data: dict[str, Any], file: Path) -> dict[str, Any]:
+    tool = data.get("tool")
+    table = tool.get("kernel-bootstrap") if isinstance(tool, dict) else None
+    if table is None:
+        raise ConfigError(f"{source_name(file)}: no [{TABLE}] table")
+    if not isinstance(table, dict):
+        raise ConfigError(f"{source_name(file)}: must be a table, got {type(table).__name__}")
+    return table
+
+
+def _read_toml(file: Path, missing: str = "") -> dict[str, Any]:
     import tomllib
 
     try:
         raw = file.read_bytes()
     except FileNotFoundError:
-        raise ConfigError(f"{file}: config file not found (pass --config PATH)") from None
+        raise ConfigError(missing or f"config file {file} does not exist") from None
     except OSError as e:
-        raise ConfigError(f"{file}: cannot read config file: {e.strerror}") from None
+        raise ConfigError(f"{source_name(file)}: cannot read config file: {e.strerror}") from None
     except ValueError:  # NUL or an unencodable character in the path itself
         raise ConfigError(f"{_short(str(file))}: not a usable file name") from None
     try:
         return tomllib.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
-        raise ConfigError(f"{file}: config file is not UTF-8 text") from None
+        raise ConfigError(f"{source_name(file)}: config file is not UTF-8 text") from None
     except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{file}: invalid TOML: {e}") from None
+        raise ConfigError(f"{source_name(file)}: invalid TOML: {e}") from None
     # Found by fuzzing: tomllib lets int()'s 4300-digit limit (ValueError) and deep arrays
     # (RecursionError) escape as themselves instead of as TOMLDecodeError.
     except ValueError as e:
-        raise ConfigError(f"{file}: invalid TOML: {e}") from None
+        raise ConfigError(f"{source_name(file)}: invalid TOML: {e}") from None
     except RecursionError:
-        raise ConfigError(f"{file}: invalid TOML: values nested too deeply") from None
+        raise ConfigError(f"{source_name(file)}: invalid TOML: values nested too deeply") from None
 
 
 def config_from_dict(data: dict[str, Any], file: Path) -> Config:
     unknown = sorted(set(data) - _KEYS)
     if unknown:
         raise ConfigError(
-            f"{file}: unknown key {_short(unknown[0])} (known: {', '.join(sorted(_KEYS))})")
+            f"{source_name(file)}: unknown key {_short(unknown[0])} "
+            f"(known: {', '.join(sorted(_KEYS))})")
     base = file.parent
     reader = _Reader(file, data)
     venv_env = os.environ.get("KERNEL_BOOTSTRAP_VENV")
     venv = _resolve(base, venv_env) if venv_env else reader.path("venv", base)
     if venv is not None:
-        _check_venv_path(venv, "KERNEL_BOOTSTRAP_VENV" if venv_env else f"{file}: key 'venv'")
+        _check_venv_path(venv, "KERNEL_BOOTSTRAP_VENV" if venv_env
+                         else f"{source_name(file)}: key 'venv'")
     constraints = reader.path("constraints", base)
     if constraints is not None and not _exists(constraints, file, "constraints", "file"):
-        raise ConfigError(f"{file}: key 'constraints': file not found: {constraints}")
+        raise ConfigError(f"{source_name(file)}: key 'constraints': file not found: {constraints}")
     snapshots_env = os.environ.get("KERNEL_BOOTSTRAP_SNAPSHOTS")
     snapshots = _resolve(base, snapshots_env) if snapshots_env else reader.path("snapshots", base)
     override = os.environ.get("KERNEL_BOOTSTRAP_PYTHON")
@@ -147,7 +205,7 @@ class _Reader:
     def _bad(self, key: str, expected: str) -> ConfigError:
         value = self.data[key]
         return ConfigError(
-            f"{self.file}: key {key!r} must be {expected}, got {type(value).__name__} "
+            f"{source_name(self.file)}: key {key!r} must be {expected}, got {type(value).__name__} "
             f"{_short(value)}"
         )
 
@@ -155,11 +213,13 @@ class _Reader:
         # Every string ends up as a path or a command-line argument: the OS takes neither with
         # a NUL, nor a lone surrogate outside the range that stands for undecodable bytes.
         if "\x00" in value:
-            raise ConfigError(f"{self.file}: {where} contains a NUL character: {_short(value)}")
+            raise ConfigError(f"{source_name(self.file)}: {where} contains a NUL character: "
+                              f"{_short(value)}")
         try:
             os.fsencode(value)
         except UnicodeEncodeError:
-            raise ConfigError(f"{self.file}: {where} cannot be encoded for the operating system: "
+            raise ConfigError(f"{source_name(self.file)}: {where} cannot be encoded for the "
+                              "operating system: "
                               f"{_short(value)}") from None
         return value
 
@@ -193,7 +253,8 @@ def _exists(path: Path, file: Path, where: str, kind: str) -> bool:
     try:
         return path.is_dir() if kind == "dir" else path.is_file()
     except OSError as e:  # e.g. ENAMETOOLONG or EACCES, which pathlib does not swallow
-        raise ConfigError(f"{file}: {where}: cannot read {_short(str(path))}: {e.strerror}"
+        raise ConfigError(f"{source_name(file)}: {where}: cannot read {_short(str(path))}: "
+                          f"{e.strerror}"
                           ) from None
 
 
@@ -257,11 +318,11 @@ def discover_skills(
             try:
                 name = check_skill_dir(path)
             except SkillError as e:
-                raise SkillError(f"{file}: skills[{index}]: {e}") from None
+                raise SkillError(f"{source_name(file)}: skills[{index}]: {e}") from None
             other = found.get(name)
             if other is not None and other.path != path:
                 raise ConfigError(
-                    f"{file}: two skills named {name!r}: {other.path} and {path}"
+                    f"{source_name(file)}: two skills named {name!r}: {other.path} and {path}"
                 )
             found[name] = Skill(name, path)
     return tuple(found.values()), tuple(dict.fromkeys(watch))
@@ -285,10 +346,26 @@ def _expand(pattern: str, base: Path, file: Path, index: int) -> list[Path]:
     if glob.has_magic(pattern):
         matches = sorted(Path(m) for m in glob.glob(str(full)))
         # os.path.isfile: a match we cannot read is skipped, as glob itself skips those.
-        return [m for m in matches if os.path.isfile(m / "SKILL.md")]
+        skills = [m for m in matches if os.path.isfile(m / "SKILL.md")]
+        if not skills:
+            _matches_nothing(pattern, full, file, index)
+        return skills
     if not _exists(full, file, f"skills[{index}]", "dir"):
-        raise ConfigError(f"{file}: skills[{index}]: not a directory: {full}")
+        raise ConfigError(f"{source_name(file)}: skills[{index}]: not a directory: {full}")
     return [full]
+
+
+def _matches_nothing(pattern: str, full: Path, file: Path, index: int) -> None:
+    """A typo in the fixed part (``skils/*``) is an error: it used to uninstall every skill and
+    exit 0. An existing directory with no skill in it yet is only worth a warning."""
+    root = _glob_dirs(full)[0]
+    if not _exists(root, file, f"skills[{index}]", "dir"):
+        raise ConfigError(f"{source_name(file)}: skills[{index}]: the pattern {pattern!r} "
+                          f"matches nothing: {root} does not exist (a typo?)")
+    from bootstrap import log
+
+    log.warning("a skills pattern matches no skill", pattern=pattern, directory=str(root),
+                config=source_name(file))
 
 
 def validate_requirements(config: Config) -> None:
@@ -300,5 +377,6 @@ def validate_requirements(config: Config) -> None:
             Requirement(text)
         except InvalidRequirement as e:
             raise ConfigError(
-                f"{config.path}: requirements[{index}]: invalid requirement {text!r}: {e}"
+                f"{source_name(config.path)}: requirements[{index}]: invalid requirement "
+                f"{text!r}: {e}"
             ) from None

@@ -71,7 +71,19 @@ class UvError(ProcessError):
 
 
 def stderr_tail(text: str, max_lines: int = 15, max_chars: int = 2000) -> str:
-    """The end of a process's stderr, where tools put the reason for failing."""
+    """The reason a process failed: from uv's first ``error:`` line on when there is one (what
+    precedes it is progress), else the end of stderr, where tools put the reason for failing.
+
+    Too long, it keeps the ``error:`` line and its first causes, then the end (a build's
+    traceback ends with its exception): cut from the end alone, it began mid-traceback.
+    """
     lines = [line for line in text.strip().splitlines() if line.strip()]
-    tail = "\n".join(lines[-max_lines:])
-    return tail[-max_chars:]
+    start = next((i for i, line in enumerate(lines) if line.startswith("error:")), None)
+    if start is None:
+        return "\n".join(lines[-max_lines:])[-max_chars:]
+    lines = lines[start:]
+    if len(lines) > max_lines:
+        lines = [*lines[:4], "...", *lines[-(max_lines - 5):]]
+    text = "\n".join(lines)
+    half = max_chars // 2
+    return text if len(text) <= max_chars else f"{text[:half]}\n...\n{text[-half:]}"

@@ -1,16 +1,21 @@
-"""Logging, configured once; structlog is imported only when something is actually logged.
+"""Logging; structlog is imported only when something is actually logged.
 
 The warm ``ensure`` logs nothing (unless ``-v``), so it never pays structlog's import (~40-100 ms).
-Console lines on a TTY (colour unless ``NO_COLOR``), JSON lines when stderr is not a TTY or with
-``--log-format json``: a kernel launcher or CI keeps our stderr in its own log, and one JSON
-object per line is what such logs can search.
+
+Two destinations. Used as a library (``from bootstrap import ensure``), events go to the standard
+``logging`` module under the logger ``kernel_bootstrap`` (structlog's stdlib integration) and
+nothing is written to stderr by us: the host program decides where logs go. The CLI calls
+:func:`configure` and gets its own output: console lines on a TTY (colour unless ``NO_COLOR``),
+JSON lines when stderr is not a TTY or with ``--log-format json``: a kernel launcher or CI keeps
+our stderr in its own log, and one JSON object per line is what such logs can search.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, MutableMapping
+from contextlib import AbstractContextManager, nullcontext
 from typing import IO, Any, Final
 
 DEBUG: Final = 10
@@ -24,15 +29,27 @@ _PREFIX: Final = {"debug": "debug: ", "info": "", "warning": "warning: ", "error
 _COLOUR: Final = {"debug": "\033[2m", "warning": "\033[33;1m", "error": "\033[31;1m"}
 _DIM: Final = "\033[2m"
 _RESET: Final = "\033[0m"
+# The logger a library user configures (``logging.getLogger("kernel_bootstrap")``).
+LOGGER_NAME: Final = "kernel_bootstrap"
 
 _level = INFO
 _fmt: str | None = None
 _logger: Any = None
+# False until the CLI calls configure(): a library caller's stderr is not ours to write on.
+_cli = False
+# Set by bootstrap.progress while its step lines are on screen: they already tell the story the
+# info events tell, and a person should not read every step twice (``-v`` shows both).
+_steps_shown = False
+# Set by bootstrap.progress: clears its live line around our write so the two do not interleave.
+_guard: Callable[[], AbstractContextManager[object]] = nullcontext
 
 
 def configure(verbosity: int = 0, fmt: str | None = None) -> None:
-    """Set the threshold (``-v`` lowers it, ``-q`` raises it) and the format (None: by TTY)."""
-    global _level, _fmt, _logger
+    """CLI output: the threshold (``-v`` lowers it, ``-q`` raises it), the format (None: by TTY).
+
+    Until this is called, events go to the standard ``logging`` module instead (library use).
+    """
+    global _level, _fmt, _logger, _cli
     if verbosity > 0:
         _level = DEBUG
     elif verbosity == 0:
@@ -41,15 +58,44 @@ def configure(verbosity: int = 0, fmt: str | None = None) -> None:
         _level = WARNING if verbosity == -1 else ERROR
     _fmt = fmt
     _logger = None
+    _cli = True
+
+
+def use_stdlib_logging() -> None:
+    """Back to library use: events go to ``logging.getLogger("kernel_bootstrap")``."""
+    global _level, _fmt, _logger, _cli
+    _level, _fmt, _logger, _cli = INFO, None, None, False
 
 
 def enabled(level: int) -> bool:
-    return level >= _level
+    if _cli:
+        return level >= _level
+    return bool(_stdlib_logger().isEnabledFor(level))
 
 
 def is_json() -> bool:
-    """Whether log lines are JSON (asked for, or stderr is not a terminal)."""
+    """Whether the CLI's log lines are JSON (asked for, or stderr is not a terminal)."""
     return _fmt == "json" or (_fmt is None and not isatty(sys.stderr))
+
+
+def on_terminal() -> bool:
+    """Whether the CLI talks to a person: console lines on a TTY at info level (not ``-q``)."""
+    return _cli and enabled(INFO) and not is_json() and isatty(sys.stderr)
+
+
+def steps_shown(shown: bool, guard: Callable[[], AbstractContextManager[object]] = nullcontext,
+                ) -> None:
+    """Progress says whether its step lines are on screen, and how to write around them."""
+    global _steps_shown, _guard
+    _steps_shown, _guard = shown, guard
+
+
+def error_line(message: str) -> str:
+    """``error: message`` as the CLI prints it, the prefix coloured like a warning's."""
+    prefix = "error:"
+    if use_colour(sys.stderr):
+        prefix = f"{_COLOUR['error']}{prefix}{_RESET}"
+    return f"{prefix} {message}"
 
 
 def use_colour(stream: IO[str]) -> bool:
@@ -65,9 +111,36 @@ def isatty(stream: IO[str]) -> bool:
         return False
 
 
+def _stdlib_logger() -> Any:
+    import logging
+
+    logger = logging.getLogger(LOGGER_NAME)
+    if not logger.handlers:
+        # Without any handler, logging's "last resort" prints warnings to stderr; a library
+        # writes nothing there by itself (the host configures logging, or hears nothing).
+        logger.addHandler(logging.NullHandler())
+    return logger
+
+
+def _build_stdlib() -> Any:
+    import structlog
+
+    def message(_logger: Any, _name: str, event: MutableMapping[str, Any]) -> str:
+        # The record carries the level; the message is the event with its fields.
+        return render_console({**event, "level": "info"})
+
+    return structlog.wrap_logger(
+        _stdlib_logger(),
+        wrapper_class=structlog.stdlib.BoundLogger,
+        processors=[structlog.stdlib.filter_by_level, message],
+    )
+
+
 def _build() -> Any:
     import structlog
 
+    if not _cli:
+        return _build_stdlib()
     processors: list[Any] = [structlog.processors.add_log_level]
     if is_json():
         processors += [structlog.processors.TimeStamper(fmt="iso", utc=True),
@@ -120,11 +193,14 @@ def _text(value: Any) -> str:
 
 def _emit(level: int, method: str, event: str, **kw: Any) -> None:
     global _logger
-    if level < _level:
+    if not enabled(level):
+        return
+    if level == INFO and _steps_shown and _cli and _level > DEBUG:
         return
     if _logger is None:
         _logger = _build()
-    getattr(_logger, method)(event, **kw)
+    with _guard():
+        getattr(_logger, method)(event, **kw)
 
 
 def debug(event: str, **kw: Any) -> None:

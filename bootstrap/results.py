@@ -15,6 +15,12 @@ Action = Literal["ready", "skills", "rebuild", "override"]
 
 @dataclass(frozen=True)
 class EnsureResult:
+    """What :func:`bootstrap.ensure` did: the interpreter to start the kernel with (``python``),
+    its ``venv``, the ``action`` taken (``ready``: nothing to do; ``skills``: skills synced;
+    ``rebuild``: the runtime built or restored; ``override``: KERNEL_BOOTSTRAP_PYTHON), the
+    skills ``installed`` and ``removed`` by this call, and ``failed``: skill name -> uv's error
+    (``ensure --json`` prints the same as a list of ``{"name", "error"}`` objects)."""
+
     python: Path
     venv: Path
     action: Action

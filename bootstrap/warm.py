@@ -157,11 +157,22 @@ def check(config_file: str) -> tuple[str, str] | None:
 def config_file_for(explicit: str | None) -> str | None:
     """The config file the CLI would use, made absolute as bootstrap.config makes it
     (``Path.absolute()``); None for a spelling whose absolute form this could get wrong
-    (``..``, ``.``, doubled separators): those go the long way."""
-    chosen = explicit or os.environ.get("KERNEL_BOOTSTRAP_CONFIG") or "kernel-bootstrap.toml"
+    (``..``, ``.``, doubled separators): those go the long way.
+
+    Without reading TOML, a ``./pyproject.toml`` beside no ``./kernel-bootstrap.toml`` is taken
+    as the config even when it has no ``[tool.kernel-bootstrap]`` table: the full path never
+    saved a fingerprint for such a file, so the check falls through to its answer.
+    """
+    chosen = explicit or os.environ.get("KERNEL_BOOTSTRAP_CONFIG") or _default_file()
     if os.path.normpath(chosen) != chosen:
         return None
     return chosen if os.path.isabs(chosen) else os.path.join(os.getcwd(), chosen)
+
+
+def _default_file() -> str:
+    if not os.path.exists("kernel-bootstrap.toml") and os.path.isfile("pyproject.toml"):
+        return "pyproject.toml"
+    return "kernel-bootstrap.toml"
 
 
 def parse_seconds(text: str) -> float | None:
@@ -173,39 +184,56 @@ def parse_seconds(text: str) -> float | None:
     return value if value >= 0 else None  # also refuses NaN
 
 
+# Global options (before or after the subcommand) that change nothing a warm "ready" prints.
+_GLOBAL_FLAGS = ("-q", "-qq", "--quiet")
+_WITH_VALUE = ("--config", "--log-format", "--lock-timeout")
+_ENSURE_ONLY = ("--json", "--strict", "--lock-timeout")
+
+
 def parse_args(argv: list[str]) -> tuple[str | None, bool] | None:
     """(``--config`` value, ``--json``) for the plain ``ensure`` forms; None for anything else.
 
-    Only the forms the full parser (bootstrap.cli) reads the same way are answered here:
-    ``--config PATH``, ``--config=PATH``, ``--json``, ``--strict``, ``--lock-timeout SECONDS``
-    with a valid value. Anything else (``-v``, abbreviations, ``--lock-timeout abc``, a value
-    that looks like an option) goes the long way, so it gets the full parser's answer.
+    Only the forms the full parser (bootstrap.cli) reads the same way are answered here: before
+    or after ``ensure``, ``--config PATH``, ``--config=PATH``, ``-q``, ``--quiet``,
+    ``--log-format console|json``; after it, ``--json``, ``--strict`` and ``--lock-timeout
+    SECONDS`` with a valid value. Anything else (``-v``, abbreviations, ``--lock-timeout abc``, a
+    value that looks like an option) goes the long way, so it gets the full parser's answer.
     """
-    if not argv or argv[0] != "ensure":
-        return None
     config: str | None = None
     as_json = False
-    rest = argv[1:]
+    seen_command = False
     i = 0
-    while i < len(rest):
-        arg = rest[i]
-        if arg in ("--config", "--lock-timeout"):
-            value = rest[i + 1] if i + 1 < len(rest) else ""
-            if not value or value.startswith("-"):
-                return None
-            if arg == "--lock-timeout" and parse_seconds(value) is None:
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "ensure" and not seen_command:
+            seen_command = True
+        elif arg in _WITH_VALUE:
+            value = argv[i + 1] if i + 1 < len(argv) else ""
+            if not _valid(arg, value, seen_command):
                 return None
             config = value if arg == "--config" else config
-            i += 2
-            continue
-        if arg.startswith("--config=") and arg != "--config=":
-            config = arg.partition("=")[2]
-        elif arg == "--json":
-            as_json = True
-        elif arg != "--strict":
+            i += 1
+        elif arg.startswith(("--config=", "--log-format=")):
+            name, _, value = arg.partition("=")
+            if not _valid(name, value, seen_command):
+                return None
+            config = value if name == "--config" else config
+        elif arg in _ENSURE_ONLY and seen_command:
+            as_json = as_json or arg == "--json"
+        elif arg not in _GLOBAL_FLAGS:
             return None
         i += 1
-    return config, as_json
+    return (config, as_json) if seen_command else None
+
+
+def _valid(option: str, value: str, after_command: bool) -> bool:
+    if not value or value.startswith("-"):
+        return False
+    if option == "--log-format":
+        return value in ("console", "json")
+    if option == "--lock-timeout":
+        return after_command and parse_seconds(value) is not None
+    return True
 
 
 def try_cli(argv: list[str]) -> int | None:

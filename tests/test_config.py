@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from bootstrap.config import load_config
-from tests.world import World
+from bootstrap.errors import ConfigError
+from testing.world import World
 
 
 @pytest.fixture
@@ -33,7 +37,7 @@ def assert_rejected(world: World, *needles: str) -> None:
 
 def test_missing_config_file(world: World) -> None:
     world.config.unlink()
-    assert_rejected(world, str(world.config), "not found")
+    assert_rejected(world, str(world.config), "does not exist")
 
 
 def test_invalid_toml(world: World) -> None:
@@ -141,3 +145,71 @@ def test_the_longest_accepted_venv_name_builds_and_reports(world: World) -> None
     world.ensure()
     status = world.run("status", "--json")
     assert status.returncode == 0 and json.loads(status.stdout)["ready"] is True
+
+
+# -- discovery, pyproject.toml, and mistakes a person makes ---------------------------------------
+
+
+def _cli(cwd: Path, *args: str, env: dict[str, str] | None = None,
+         ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "bootstrap", *args], capture_output=True,
+                          text=True, cwd=cwd, env={**os.environ, **(env or {})}, check=False)
+
+
+def test_a_pyproject_table_is_a_config_source_after_kernel_bootstrap_toml(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "pyproject.toml").write_text(
+        '[project]\nname = "x"\n\n[tool.kernel-bootstrap]\nvenv = "from-pyproject"\n')
+    assert load_config().venv == tmp_path / "from-pyproject"
+    assert load_config().path == tmp_path / "pyproject.toml"
+    (tmp_path / "kernel-bootstrap.toml").write_text('venv = "from-own-file"\n')
+    assert load_config().venv == tmp_path / "from-own-file"
+
+
+def test_pyproject_errors_name_the_file_and_the_table(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "pyproject.toml").write_text('[tool.kernel-bootstrap]\nvenvv = "x"\n')
+    with pytest.raises(ConfigError, match=r"pyproject\.toml \[tool\.kernel-bootstrap\]: "
+                                          r"unknown key 'venvv'"):
+        load_config()
+
+
+def test_a_pyproject_without_the_table_is_not_a_config(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\n')
+    with pytest.raises(ConfigError, match="run `kernel-bootstrap init`"):
+        load_config()
+
+
+def test_a_missing_config_says_so_and_where_its_name_came_from(tmp_path: Path) -> None:
+    result = _cli(tmp_path, "status", "--config", "nope.toml")
+    assert (result.returncode, result.stderr) == (2, "error: config file nope.toml does not "
+                                                     "exist\n")
+    result = _cli(tmp_path, "status", env={"KERNEL_BOOTSTRAP_CONFIG": "env.toml"})
+    assert result.returncode == 2
+    assert result.stderr == ("error: config file env.toml (from KERNEL_BOOTSTRAP_CONFIG) does "
+                             "not exist\n")
+
+
+def test_a_skills_pattern_with_a_typo_is_an_error_and_nothing_is_removed(tmp_path: Path) -> None:
+    world = World(tmp_path)
+    world.skill("alpha")
+    world.ensure()
+    world.write_config(skills=["skils/*"])
+    result = world.run("ensure")
+    assert result.returncode == 2
+    assert "'skils/*'" in result.stderr and "does not exist" in result.stderr
+    world.write_config()
+    assert world.status()["ready"], "alpha is still installed"
+
+
+def test_a_skills_pattern_over_an_empty_directory_is_a_warning_naming_it(tmp_path: Path) -> None:
+    world = World(tmp_path)
+    (tmp_path / "more").mkdir()
+    world.write_config(skills=["skills/*", "more/*"])
+    result = world.ensure("--log-format", "console")
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 2 and any("more/*" in w for w in warnings), result.stderr

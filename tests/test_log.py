@@ -6,13 +6,14 @@ import io
 import json
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from bootstrap import log
-from tests.helpers import run_with_tty_stderr
-from tests.world import World
+from testing.processes import run_with_tty_stderr
+from testing.world import World
 
 ANSI = "\033["
 
@@ -83,8 +84,8 @@ def test_a_terminal_gets_colour_unless_no_color(world: World) -> None:
 
     world.skill("gamma")
     code, _, stderr = run_with_tty_stderr(world.command("ensure"), {**env, "NO_COLOR": "1"})
-    assert code == 0 and "installing skills" in stderr
-    assert ANSI not in stderr
+    assert code == 0 and "[1/1] installing 1 skill" in screen(stderr)[0]
+    assert ANSI not in stderr.replace("\r\033[K", ""), "only the line clearing, no colour"
     for line in stderr.splitlines():
         assert not line.startswith("{"), "a terminal gets console lines, not JSON"
 
@@ -160,14 +161,20 @@ def run_progress(verbosity: int = 0, fmt: str = "-", tty: bool = True,
     return result.stderr
 
 
-def test_progress_on_a_terminal_counts_steps_and_shows_the_time() -> None:
-    lines = run_progress(env={"NO_COLOR": "1"}).splitlines()
+def screen(stderr: str) -> list[str]:
+    """What a terminal shows: each line's text after its last carriage return."""
+    return [line.rpartition("\r")[2].replace("\033[K", "") for line in stderr.split("\n")
+            if line.rpartition("\r")[2].replace("\033[K", "")]
+
+
+def test_progress_on_a_terminal_shows_one_finished_line_per_step_with_its_time() -> None:
+    lines = screen(run_progress(env={"NO_COLOR": "1"}))
     assert [line.rsplit(" (", 1)[0] for line in lines] == [
         "waiting for pid 123",
         "[1/3] creating the venv",
         "[2/3] installing the runtime",
+        "      isolating a failed group",  # said while step 3 runs, above its live line
         "[3/3] installing 8 skills",
-        "      isolating a failed group",
         "[4/4] installing beta alone",
         "ready",
     ]
@@ -175,8 +182,37 @@ def test_progress_on_a_terminal_counts_steps_and_shows_the_time() -> None:
 
 
 def test_progress_is_coloured_on_a_terminal_unless_no_color() -> None:
-    assert ANSI in run_progress(env={"TERM": "xterm"})
-    assert ANSI not in run_progress(env={"NO_COLOR": "1"})
+    coloured = run_progress(env={"TERM": "xterm"})
+    assert ANSI in coloured.replace("\r\033[K", "")
+    assert ANSI not in run_progress(env={"NO_COLOR": "1"}).replace("\r\033[K", "")
+    # The closing line starts at the margin, colour or not.
+    assert all(not line.startswith(" ") or "isolating" in line
+               for line in screen(coloured) + screen(run_progress(env={"NO_COLOR": "1"})))
+
+
+SLOW_STEP = """
+import sys, time
+from bootstrap import log, progress
+log.configure(0, None)
+progress.start(1)
+progress.step("slow step")
+time.sleep(1.2)
+progress.finish("ready")
+"""
+
+
+def test_a_long_step_has_a_live_line_with_a_spinner_and_the_time_so_far() -> None:
+    import os
+
+    code, _, stderr = run_with_tty_stderr([sys.executable, "-c", SLOW_STEP],
+                                          {**os.environ, "NO_COLOR": "1"})
+    assert code == 0, stderr
+    redraws = [part.replace("\033[K", "") for part in stderr.split("\r") if "slow step" in part]
+    live = [r for r in redraws if not r.startswith("[1/1]")]
+    assert len(live) >= 4, redraws  # a few times a second for over a second
+    assert len({r.split(" ", 1)[0] for r in live}) >= 3, "the spinner turns"
+    assert len({r.rsplit(" (", 1)[1] for r in live}) >= 3, "the clock moves"
+    assert screen(stderr)[0].startswith("[1/1] slow step (1.")
 
 
 @pytest.mark.parametrize(("verbosity", "fmt", "tty"), [
@@ -207,3 +243,55 @@ def test_progress_never_raises_on_a_closed_stderr(monkeypatch: pytest.MonkeyPatc
         progress.step("creating the venv")
         progress.finish()
     log.configure()
+
+
+# -- as a library: the standard logging module, nothing on stderr by itself ------------------------
+
+
+@pytest.fixture
+def library(world: World, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
+    monkeypatch.setenv("KERNEL_BOOTSTRAP_UV", world.env["KERNEL_BOOTSTRAP_UV"])
+    monkeypatch.setenv("FAKE_UV_LOG", world.env["FAKE_UV_LOG"])
+    log.use_stdlib_logging()
+    yield world
+    log.use_stdlib_logging()
+
+
+def test_in_process_ensure_logs_through_the_kernel_bootstrap_logger(
+        library: World, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from bootstrap import ensure, load_config
+
+    with caplog.at_level(logging.INFO, logger="kernel_bootstrap"):
+        result = ensure(load_config(library.config))
+    assert result.python == library.python
+    records = [r for r in caplog.records if r.name == "kernel_bootstrap"]
+    messages = [r.getMessage() for r in records]
+    assert any(m.startswith("building the runtime") for m in messages), messages
+    assert any(m.startswith("installing skills") and "alpha, beta" in m for m in messages)
+    assert {r.levelno for r in records} == {logging.INFO}
+
+
+def test_in_process_ensure_writes_nothing_to_stderr_without_a_handler(
+        library: World, capfd: pytest.CaptureFixture[str]) -> None:
+    import logging
+
+    from bootstrap import ensure, load_config
+
+    logging.getLogger("kernel_bootstrap").setLevel(logging.DEBUG)
+    try:
+        library.skill("gamma")
+        result = ensure(load_config(library.config))
+        library.skill("gamma", version="0.2.0")
+        import os
+
+        os.environ["FAKE_UV_FAIL"] = "gamma"
+        try:
+            failed = ensure(load_config(library.config))  # a warning, with no handler attached
+        finally:
+            del os.environ["FAKE_UV_FAIL"]
+    finally:
+        logging.getLogger("kernel_bootstrap").setLevel(logging.NOTSET)
+    assert result.failed == {} and "gamma" in failed.failed
+    assert capfd.readouterr().err == ""

@@ -30,22 +30,12 @@ from bootstrap.cli import main
 from bootstrap.fs import remove_tree
 from bootstrap.publish import gc_publish_state, publish, state_dir
 from bootstrap.skilltree import load_skill_tree, tree_hash
-from tests.helpers import sampling
+from testing.processes import sampling
+from testing.skills import versioned_skill
 
 REPO = Path(bootstrap.__file__).resolve().parents[1]
 V1 = ("SKILL.md", "a.txt", "b.txt", "sub/c.txt")
 V2 = ("SKILL.md", "b.txt", "d.txt", "sub/e.txt", "sub/f.txt", "sub/deep/g.txt")
-
-
-def write_skill(parent: Path, version: str, files: tuple[str, ...] = V1, name: str = "demo"
-                ) -> Path:
-    """A skill whose every file says which version it belongs to."""
-    skill = parent / name
-    for rel in files:
-        (skill / rel).parent.mkdir(parents=True, exist_ok=True)
-        head = f"---\nname: {name}\ndescription: test\n---\n" if rel == "SKILL.md" else ""
-        (skill / rel).write_text(f"{head}{version}\n")
-    return skill
 
 
 @pytest.fixture
@@ -56,12 +46,12 @@ def root(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def v1(tmp_path: Path) -> Path:
-    return write_skill(tmp_path / "src1", "v1", V1)
+    return versioned_skill(tmp_path / "src1", "v1", V1)
 
 
 @pytest.fixture
 def v2(tmp_path: Path) -> Path:
-    return write_skill(tmp_path / "src2", "v2", V2)
+    return versioned_skill(tmp_path / "src2", "v2", V2)
 
 
 @pytest.fixture
@@ -130,7 +120,7 @@ def test_unchanged_content_is_a_noop(root: Path, v1: Path, capsys: pytest.Captur
     os.utime(v1 / "a.txt", ns=(10**18, 10**18))  # mtimes are not content
     code, out, _ = run_cli(capsys, v1, "--into", root)
     assert code == 0
-    assert out == f"published demo -> {root.resolve() / 'demo'} (unchanged, unchanged)\n"
+    assert out == f"published demo -> {root.resolve() / 'demo'} (unchanged)\n"
     assert os.stat(root / "demo").st_ino == inode
     assert snapshot(root) == before
     assert leftovers(root) == {"staging": [], "retired": [], "journal": []}
@@ -152,7 +142,7 @@ def test_a_corrupt_hash_record_is_ignored(root: Path, v1: Path) -> None:
 
 
 def test_modes_mtimes_and_internal_symlinks_are_preserved(root: Path, tmp_path: Path) -> None:
-    src = write_skill(tmp_path / "src", "v1", ("SKILL.md", "bin/run", "data/x"))
+    src = versioned_skill(tmp_path / "src", "v1", ("SKILL.md", "bin/run", "data/x"))
     (src / "bin" / "run").chmod(0o755)
     (src / "run").symlink_to("bin/run")
     (src / "data-link").symlink_to("data")
@@ -182,8 +172,8 @@ def test_json_output(root: Path, v1: Path, capsys: pytest.CaptureFixture[str]) -
 
 
 def test_several_skills_in_one_call(root: Path, tmp_path: Path) -> None:
-    a = write_skill(tmp_path / "s", "v1", name="alpha")
-    b = write_skill(tmp_path / "s", "v1", name="beta")
+    a = versioned_skill(tmp_path / "s", "v1", V1, name="alpha")
+    b = versioned_skill(tmp_path / "s", "v1", V1, name="beta")
     results = publish([a, b], root)
     assert [r.name for r in results] == ["alpha", "beta"]
     assert sorted(os.listdir(root)) == ["alpha", "beta"]
@@ -303,7 +293,7 @@ def test_a_publish_killed_mid_copy_leaves_one_copy_after_the_next(
     root: Path, tmp_path: Path, v1: Path
 ) -> None:
     publish([v1], root)
-    big = write_skill(tmp_path / "big", "v2", ("SKILL.md",))
+    big = versioned_skill(tmp_path / "big", "v2", ("SKILL.md",))
     for d in range(40):
         (big / f"d{d:02}").mkdir()
         for f in range(100):
@@ -499,7 +489,7 @@ def test_gc_removes_staging_of_dead_processes_only(root: Path, v1: Path) -> None
                           capture_output=True, text=True, check=True)
     staging = state_dir(root) / "staging"
     for name in (f"{dead.stdout.strip()}-dead", f"{os.getpid()}-live", "junk"):
-        write_skill(staging / name, "v1")
+        versioned_skill(staging / name, "v1", V1)
     removed = gc_publish_state(root, grace=30)
     assert sorted(p.name for p in removed) == sorted([f"{dead.stdout.strip()}-dead", "junk"])
     assert os.listdir(staging) == [f"{os.getpid()}-live"]
@@ -528,14 +518,14 @@ def _bad_name(name: str) -> Callable[[Path], tuple[list[Path], str]]:
 
 
 def _name_mismatch(src: Path) -> tuple[list[Path], str]:
-    skill = write_skill(src, "v1")
+    skill = versioned_skill(src, "v1", V1)
     (skill / "SKILL.md").write_text("---\nname: other\n---\n")
     return [skill], "differs from the directory name"
 
 
 def _link(target: str, expected: str) -> Callable[[Path], tuple[list[Path], str]]:
     def build(src: Path) -> tuple[list[Path], str]:
-        skill = write_skill(src, "v1")
+        skill = versioned_skill(src, "v1", V1)
         (skill / "link").symlink_to(target)
         return [skill], f"{skill / 'link'}: symlink"
 
@@ -544,13 +534,13 @@ def _link(target: str, expected: str) -> Callable[[Path], tuple[list[Path], str]
 
 
 def _fifo(src: Path) -> tuple[list[Path], str]:
-    skill = write_skill(src, "v1")
+    skill = versioned_skill(src, "v1", V1)
     os.mkfifo(skill / "pipe")
     return [skill], f"{skill / 'pipe'}: is a fifo"
 
 
 def _socket(src: Path) -> tuple[list[Path], str]:
-    skill = write_skill(src, "v1")
+    skill = versioned_skill(src, "v1", V1)
     sock = socket.socket(socket.AF_UNIX)
     sock.bind(str(skill / "sock"))
     sock.close()  # the socket file stays
@@ -558,31 +548,31 @@ def _socket(src: Path) -> tuple[list[Path], str]:
 
 
 def _case_collision(src: Path) -> tuple[list[Path], str]:
-    skill = write_skill(src, "v1", ("SKILL.md", "README", "readme"))
+    skill = versioned_skill(src, "v1", ("SKILL.md", "README", "readme"))
     return [skill], "differ only in case"
 
 
 def _not_utf8(src: Path) -> tuple[list[Path], str]:
-    skill = write_skill(src, "v1")
+    skill = versioned_skill(src, "v1", V1)
     os.close(os.open(os.fsencode(skill) + b"/x\xff", os.O_CREAT | os.O_WRONLY, 0o644))
     return [skill], "not valid UTF-8"
 
 
 def _same_src_twice(src: Path) -> tuple[list[Path], str]:
-    skill = write_skill(src, "v1")
+    skill = versioned_skill(src, "v1", V1)
     return [skill, skill], "two skills would be published as 'demo'"
 
 
 def _same_name_twice(src: Path) -> tuple[list[Path], str]:
-    a = write_skill(src / "a", "v1")
-    b = write_skill(src / "b", "v2")
+    a = versioned_skill(src / "a", "v1", V1)
+    b = versioned_skill(src / "b", "v2", V1)
     return [a, b], f"{a.resolve()} and {b.resolve()}"
 
 
 def _case_insensitive_twice(src: Path) -> tuple[list[Path], str]:
     # Names must be lowercase, so "DEMO" is refused before it could collide with "demo".
-    a = write_skill(src / "a", "v1")
-    b = write_skill(src / "b", "v2", name="DEMO")
+    a = versioned_skill(src / "a", "v1", V1)
+    b = versioned_skill(src / "b", "v2", V1, name="DEMO")
     return [a, b], "'DEMO'"
 
 
@@ -596,7 +586,7 @@ def test_an_invalid_source_exits_2_and_writes_nothing(
     root: Path, tmp_path: Path, build: Callable[[Path], tuple[list[Path], str]],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    keep = write_skill(tmp_path / "keep", "v1", name="keep")
+    keep = versioned_skill(tmp_path / "keep", "v1", V1, name="keep")
     publish([keep], root)
     (keep / "a.txt").write_text("changed\n")  # valid, changed: must still not be published
     before = snapshot(root.parent)
@@ -629,7 +619,7 @@ def test_a_root_that_is_a_file_exits_2(tmp_path: Path, v1: Path,
 
 
 def test_a_symlinked_source_is_published_under_the_links_name(root: Path, tmp_path: Path) -> None:
-    store = write_skill(tmp_path / "store", "v1", name="demo")
+    store = versioned_skill(tmp_path / "store", "v1", V1, name="demo")
     (tmp_path / "links").mkdir()
     (tmp_path / "links" / "demo").symlink_to(store)
     (result,) = publish([tmp_path / "links" / "demo"], root)

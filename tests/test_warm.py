@@ -12,9 +12,9 @@ import platformdirs
 import pytest
 
 from bootstrap import warm
-from bootstrap.cli import _UsageError, build_parser
+from bootstrap.cli import _UsageError, build_parser, parse_args
 from bootstrap.config import find_config_file
-from tests.world import World
+from testing.world import World
 
 # -- parity with what warm.py copies -----------------------------------------------------------
 
@@ -73,12 +73,22 @@ FORMS = [
     ["ensure", "-v"], ["ensure", "--json=1"], ["ensure", "extra"], ["ensure", "--"],
     ["ensure", "-h"], ["status"], [], ["--config", "k.toml", "ensure"],
     ["ensure", "--strict", "--config", "k.toml", "--lock-timeout", "3", "--json"],
+    # global options before or after the subcommand
+    ["-q", "--config", "k.toml", "ensure"], ["ensure", "-q", "--config", "k.toml"],
+    ["--config=k.toml", "ensure", "--json"], ["-q", "ensure", "-q"], ["-qq", "ensure"],
+    ["--quiet", "ensure", "--quiet"], ["--log-format", "json", "ensure"],
+    ["ensure", "--log-format", "console"], ["--log-format=json", "ensure"],
+    ["--log-format", "xml", "ensure"], ["ensure", "--log-format", "xml"],
+    ["--log-format", "ensure"], ["--config", "a", "ensure", "--config", "b"],
+    ["--config", "ensure", "ensure"], ["--json", "ensure"], ["--strict", "ensure"],
+    ["--lock-timeout", "5", "ensure"], ["-v", "ensure"], ["ensure", "ensure"],
+    ["-q", "status"], ["--config", "k.toml"], ["-q"], ["-V"], ["ensure", "-V"],
 ]
 
 
 def _real_parse(argv: list[str]) -> tuple[str | None, bool] | None:
     try:
-        args = build_parser().parse_args(argv)
+        args = parse_args(argv)
     except (_UsageError, SystemExit):
         return None
     if args.command != "ensure":
@@ -101,6 +111,65 @@ def test_the_warm_parser_answers_the_plain_forms() -> None:
     assert warm.parse_args(["ensure", "--config", "k", "--json", "--strict",
                             "--lock-timeout", "5"]) == ("k", True)
     assert warm.parse_args(["ensure", "--config=k"]) == ("k", False)
+    assert warm.parse_args(["-q", "--config", "k", "ensure", "--json"]) == ("k", True)
+    assert warm.parse_args(["--config", "a", "ensure", "--config", "b"]) == ("b", False)
+    assert warm.parse_args(["--log-format", "json", "ensure", "-q"]) == (None, False)
+
+
+def test_the_warm_path_imports_nothing_but_what_it_did(tmp_path: Path) -> None:
+    """Every global-option form is answered with the same imports (python -X importtime)."""
+    import subprocess
+    import sys
+
+    world = World(tmp_path)
+    world.ensure()
+
+    def imported(*args: str) -> set[str]:
+        result = subprocess.run([sys.executable, "-X", "importtime", "-m", "bootstrap", *args],
+                                capture_output=True, text=True, env=world.env, check=True)
+        assert result.stdout == f"{world.python}\n"
+        return {line.rsplit("|", 1)[1].strip() for line in result.stderr.splitlines()
+                if line.startswith("import time:") and "|" in line} - {"imported package"}
+
+    plain = imported("ensure", "--config", str(world.config))
+    assert not {"argparse", "json", "tomllib", "structlog", "bootstrap.config"} & plain
+    assert imported("-q", "--config", str(world.config), "ensure", "-q") == plain
+    assert imported("--log-format", "json", "ensure", "--config", str(world.config)) == plain
+
+
+def test_a_pyproject_config_is_warm_and_editing_it_invalidates(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    world = World(tmp_path)
+    world.skill("alpha")
+    table = world.config.read_text()
+    world.config.unlink()
+    pyproject = tmp_path / "pyproject.toml"
+    pyproject.write_text(f'[project]\nname = "x"\n\n[tool.kernel-bootstrap]\n{table}')
+    monkeypatch.chdir(tmp_path)
+    assert warm.config_file_for(None) == str(pyproject)
+    import subprocess
+    import sys
+
+    def ensure() -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "bootstrap", "ensure"], cwd=tmp_path,
+                              capture_output=True, text=True, env=world.env, check=False)
+
+    assert ensure().returncode == 0
+    assert warm.check(str(pyproject)) is not None, "the pyproject is the fingerprinted config"
+    pyproject.write_text(pyproject.read_text().replace('venv = "venv"', 'venv = "venv2"'))
+    assert warm.check(str(pyproject)) is None
+    result = ensure()
+    assert result.returncode == 0 and result.stdout.startswith(str(tmp_path / "venv2"))
+
+
+def test_warm_discovery_takes_a_pyproject_only_when_the_full_path_could(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("KERNEL_BOOTSTRAP_CONFIG", raising=False)
+    (tmp_path / "pyproject.toml").write_text("[tool.kernel-bootstrap]\n")
+    assert warm.config_file_for(None) == str(find_config_file(None).absolute())
+    (tmp_path / "kernel-bootstrap.toml").write_text("")
+    assert warm.config_file_for(None) == str(find_config_file(None).absolute())
 
 
 @pytest.mark.parametrize("text", ["5", "0", "0.5", "1e3", "inf", " 7 ", "abc", "-1", "nan",

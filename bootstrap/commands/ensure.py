@@ -5,13 +5,20 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from bootstrap import progress
 from bootstrap.config import load_config
 from bootstrap.engine import ensure as run_ensure
 from bootstrap.errors import EXIT_OK, EXIT_SKILLS_FAILED
 
 
 def ensure(config_path: Path | None, *, as_json: bool, strict: bool, lock_timeout: float) -> int:
-    result = run_ensure(load_config(config_path), lock_timeout=lock_timeout)
+    """stdout: the interpreter path (or one JSON object); on a terminal, stderr closes with what
+    this run installed and removed (``+ name==version`` / ``- name==version``), as uv does."""
+    config = load_config(config_path)
+    venv = str(config.venv) if progress.enabled() else None
+    before = progress.distributions(venv)
+    result = run_ensure(config, lock_timeout=lock_timeout)
+    progress.summary(before, progress.distributions(venv))
     if as_json:
         print(json.dumps({
             "python": str(result.python),

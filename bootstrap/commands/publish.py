@@ -22,6 +22,6 @@ def publish(sources: Sequence[Path], into: Path, grace: float, as_json: bool) ->
         print(json.dumps({"into": str(into.resolve()), "skills": skills}))
     else:
         for r in results:
-            state = "changed" if r.changed else "unchanged"
-            print(f"published {r.name} -> {r.path} ({state}, {r.method})")
+            state = f"changed, {r.method}" if r.changed else "unchanged"
+            print(f"published {r.name} -> {r.path} ({state})")
     return EXIT_OK

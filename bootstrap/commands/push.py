@@ -26,7 +26,7 @@ def push(sources: Sequence[Path], dest: str, execs: Sequence[str], jobs: int,
     runtimes = [runtime_for(p) for p in execs] if execs else [runtime_for(None)]
     reports = asyncio.run(push_async(sources, dest, runtimes, jobs))
     if as_json:
-        print(json.dumps({"runtimes": [r.to_json() for r in reports]}, indent=2))
+        print(json.dumps({"runtimes": [r.to_json() for r in reports]}))
     else:
         for report in reports:
             for skill in report.skills:

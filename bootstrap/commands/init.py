@@ -1,0 +1,62 @@
+"""``kernel-bootstrap init [--config PATH] [--force]``: write a commented starter config."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Final
+
+from bootstrap.config import DEFAULT_FILE, PYPROJECT, TABLE
+from bootstrap.errors import EXIT_OK, ConfigError
+
+# Every key with its default, commented; `status` accepts the file as written (a test holds it).
+STARTER: Final = """\
+# kernel-bootstrap configuration. Relative paths are relative to this file.
+# `kernel-bootstrap ensure` builds the venv and installs the skills; `status` says what is missing.
+
+# The runtime: PEP 508 requirements installed when the venv is built. ipykernel lets
+# `kernel-bootstrap kernelspec install` register the venv with Jupyter.
+requirements = ["ipykernel"]
+
+# Skill directories (each holds a SKILL.md; with a pyproject.toml it is a Python skill that is
+# installed into the venv). Globs are allowed; a glob whose directory does not exist is an error.
+# skills = ["skills/*"]
+
+# The interpreter for the venv: a version ("3.12") or a path.
+# Default: the interpreter running kernel-bootstrap.
+# python = "3.12"
+
+# Where the venv lives; its path never changes across rebuilds ($KERNEL_BOOTSTRAP_VENV wins).
+# Default: kernel-bootstrap/venv in the user data directory.
+# venv = ".kernel-venv"
+
+# A constraints file for every install; its digest is part of the runtime identity.
+# constraints = "constraints.txt"
+
+# Extra arguments for every `uv pip install`.
+# uv-args = ["--exclude-newer", "2025-01-01"]
+
+# Python code that must run cleanly in a new venv before it replaces the old one.
+# ready-check = "import ipykernel"
+
+# A store of prebuilt environments (a directory, or s3://BUCKET/PREFIX with the `cloud` extra).
+# snapshots = "/shared/kernel-bootstrap-snapshots"
+"""
+
+
+def init(config_path: Path | None, *, force: bool) -> int:
+    """Write :data:`STARTER` to ``config_path`` (default ``./kernel-bootstrap.toml``); an
+    existing file is an error (exit 2) unless ``force``."""
+    from bootstrap.atomic import write_atomic
+
+    path = config_path if config_path is not None else Path(DEFAULT_FILE)
+    if path.name == PYPROJECT:
+        raise ConfigError(f"init writes a {DEFAULT_FILE}; to configure through {path}, add a "
+                          f"[{TABLE}] table to it with the same keys")
+    # lexists: a dangling symlink is something there too, not a free name.
+    if os.path.lexists(path) and not force:
+        raise ConfigError(f"{path} already exists; pass --force to overwrite it")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, STARTER.encode("utf-8"))
+    print(f"wrote {path}")
+    return EXIT_OK
