@@ -5,13 +5,19 @@ nothing but the standard library and never imports kernel-bootstrap. Its only ou
 results file named in the request; what the backend prints goes to stderr.
 
 Request (JSON): ``{"backend": "module:object", "install": [argv prefix that installs build
-requirements into this environment], "skills": [{"name", "dir", "out"}], "results": path}``.
-Results (JSON): ``{name: {"wheel": path} | {"error": text}}``. A skill missing from the results
-or with an error is left to uv, which builds it the usual way (and reports its own error).
+requirements into this environment], "skills": [{"name", "dir", "out", "entry"?, "meta"?}],
+"results": path}``. Results (JSON): ``{name: {"wheel": path} | {"error": text}}``. A skill
+missing from the results or with an error is left to uv, which builds it the usual way (and
+reports its own error).
+
+A skill with an ``entry`` goes into the build cache the moment its build returns: ``out`` (a
+hidden sibling of ``entry``) gets ``entry.json`` (``meta`` plus the wheel's name and sha256) and
+is renamed to ``entry``, so a session killed while building the next skill keeps this one.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import json
 import os
@@ -75,10 +81,31 @@ def _build(backend: Any, request: dict[str, Any]) -> Results:
         try:
             os.chdir(item["dir"])
             os.makedirs(item["out"], exist_ok=True)
-            results[item["name"]] = {"wheel": os.path.join(item["out"], hook(item["out"]))}
+            wheel = os.path.join(item["out"], hook(item["out"]))
+            results[item["name"]] = {"wheel": _publish(item, wheel)}
         except BaseException:
             results[item["name"]] = _error()
     return results
+
+
+def _publish(item: dict[str, Any], wheel: str) -> str:
+    """Rename the finished entry into the build cache; the wheel's path, wherever it is now.
+
+    Another session may have published the same key first (a rename onto a non-empty
+    directory fails): its entry is the same build, and ours stays where it is for this session.
+    """
+    if "entry" not in item:
+        return wheel
+    with open(wheel, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    meta = dict(item["meta"], wheel=os.path.basename(wheel), sha256=digest)
+    with open(os.path.join(item["out"], "entry.json"), "w", encoding="utf-8") as f:
+        json.dump(meta, f)
+    try:
+        os.rename(item["out"], item["entry"])
+    except OSError:
+        return wheel
+    return os.path.join(item["entry"], os.path.basename(wheel))
 
 
 def main(request_path: str) -> int:

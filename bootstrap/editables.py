@@ -17,29 +17,35 @@ it, which is what happens without it.
 
 Only backends known to be safe to call repeatedly in one process are batched (an in-tree
 backend, ``backend-path``, never is); anything this cannot build, it leaves out, and uv builds
-it the usual way and reports its own errors. ``KERNEL_BOOTSTRAP_BATCH_BUILDS=0`` turns it off.
+it the usual way and reports its own errors. ``KERNEL_BOOTSTRAP_BATCH_BUILDS=0`` turns it off,
+and the build cache with it (bootstrap.buildcache): with it on, a skill built before is taken
+from the cache and no build environment or backend process is started for it.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import os
+import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Final
 
-from bootstrap import log, process
+from bootstrap import buildcache, log, process
+from bootstrap.buildcache import Cache
 from bootstrap.errors import BootstrapError
-from bootstrap.fs import read_state_file
+from bootstrap.fs import read_state_file, removed_on_exit
 from bootstrap.python_skill import PythonSkill
 from bootstrap.uv import Uv, environment
-from bootstrap.venv import interpreter, scripts_dir
+from bootstrap.venv import interpreter, python_version, scripts_dir
 
 # Verified here to build many projects in one process with the same result as uv's own builds.
 BATCHED_BACKENDS: Final = frozenset({"hatchling.build"})
-# One skill gains nothing: the build environment and one backend start cost what uv's do.
+# Without the build cache, one skill gains nothing: the build environment and one backend
+# start cost what uv's do. With it, one skill is built here too, to be kept.
 MIN_BATCH: Final = 2
 _WORKER: Final = Path(__file__).with_name("_editable_worker.py")
 _SWITCH: Final = "KERNEL_BOOTSTRAP_BATCH_BUILDS"
@@ -55,30 +61,97 @@ def build(skills: Sequence[PythonSkill], uv: Uv, python: Path,
           workdir: Path) -> dict[str, Path]:
     """Editable wheels for the skills that can be batched: {skill name: wheel path}.
 
-    ``python`` is the managed venv's interpreter (the build uses the same Python). Whatever
+    ``python`` is the managed venv's interpreter (the build uses the same Python). Wheels
+    come from the build cache when it has them; the others are built and go into it. Whatever
     is missing from the answer is for uv to build; this never raises for a skill's sake.
     """
     if not enabled():
         return {}
+    batchable = [s for s in skills
+                 if s.build_system is not None and s.build_system[0] in BATCHED_BACKENDS]
+    if not batchable:
+        return {}
+    cache = buildcache.open_cache()
+    version = python_version(python.parent.parent) or os.path.realpath(python)
+    keys = {s.name: buildcache.key(s, version, uv.build_args) for s in batchable}
+    wheels = _from_cache(cache, batchable, keys, workdir)
+    misses = [s for s in batchable if s.name not in wheels]
+    if not misses:
+        return wheels
+    held = cache.building([keys[s.name] for s in misses]) if cache else contextlib.nullcontext()
+    with held as locked:
+        # Another session may have built some of these while we waited for their locks.
+        wheels.update(_from_cache(cache, [s for s in misses if keys[s.name] in (locked or ())],
+                                  keys, workdir))
+        wheels.update(_build_groups([s for s in misses if s.name not in wheels], cache, keys,
+                                    uv, python, workdir))
+    return wheels
+
+
+def _build_groups(misses: Sequence[PythonSkill], cache: Cache | None, keys: Mapping[str, str],
+                  uv: Uv, python: Path, workdir: Path) -> dict[str, Path]:
     groups: dict[tuple[str, tuple[str, ...]], list[PythonSkill]] = {}
-    for skill in skills:
-        if skill.build_system is not None and skill.build_system[0] in BATCHED_BACKENDS:
+    for skill in misses:
+        if skill.build_system is not None:
             groups.setdefault(skill.build_system, []).append(skill)
     wheels: dict[str, Path] = {}
     for index, ((backend, requires), members) in enumerate(sorted(groups.items())):
-        if len(members) < MIN_BATCH:
+        # A single skill built here is worth it only to keep it in the cache.
+        if len(members) < (1 if cache else MIN_BATCH):
             continue
         try:
-            wheels.update(_build_group(backend, requires, members, uv, python,
-                                       workdir / f"build-{index}"))
+            if cache is None:
+                wheels.update(_build_group(backend, requires, members, uv, python,
+                                           workdir / f"build-{index}", {}))
+            else:
+                wheels.update(_build_into_cache(cache, keys, backend, requires, members, uv,
+                                                python, workdir / f"build-{index}"))
         except (BootstrapError, OSError, ValueError) as e:
             log.info("could not build the editables in one process; uv builds them",
                      backend=backend, skills=[s.name for s in members], error=str(e))
     return wheels
 
 
+def _from_cache(cache: Cache | None, skills: Sequence[PythonSkill], keys: Mapping[str, str],
+                workdir: Path) -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for skill in skills if cache else ():
+        assert cache is not None
+        try:
+            wheel = cache.take(keys[skill.name], skill.name, workdir / skill.name)
+        except OSError as e:  # our own scratch space refused the copy: build it instead
+            log.info("could not use the build cache", skill=skill.name, error=str(e))
+            continue
+        if wheel is not None:
+            found[skill.name] = wheel
+    if found:
+        log.debug("editables from the build cache", skills=sorted(found))
+    return found
+
+
+def _build_into_cache(cache: Cache, keys: Mapping[str, str], backend: str,
+                      requires: tuple[str, ...], members: list[PythonSkill], uv: Uv,
+                      python: Path, workdir: Path) -> dict[str, Path]:
+    """Build ``members`` in one process, each published into the cache as soon as it is done."""
+    publish = {s.name: (cache.staging(keys[s.name]), cache.entry(keys[s.name]),
+                        cache.metadata(s)) for s in members}
+    with contextlib.ExitStack() as stack:
+        for staging, _, _ in publish.values():
+            stack.enter_context(removed_on_exit(staging))
+        built = _build_group(backend, requires, members, uv, python, workdir, publish)
+        # Copied out of the cache: what uv installs cannot change under it.
+        for name, wheel in built.items():
+            (workdir / name).mkdir(parents=True, exist_ok=True)
+            built[name] = Path(shutil.copy(wheel, workdir / name / wheel.name))
+    return built
+
+
+# {skill name: (where its entry is written, the entry it is renamed to, its entry.json)}
+Publish = Mapping[str, tuple[Path, Path, Mapping[str, object]]]
+
+
 def _build_group(backend: str, requires: tuple[str, ...], members: list[PythonSkill],
-                 uv: Uv, python: Path, workdir: Path) -> dict[str, Path]:
+                 uv: Uv, python: Path, workdir: Path, publish: Publish) -> dict[str, Path]:
     env = workdir / "env"
     # The venv's base interpreter (its bin/python links to it): uv has that one's description
     # cached from creating the venv, while asking about the link costs a child (~50 ms).
@@ -92,8 +165,7 @@ def _build_group(backend: str, requires: tuple[str, ...], members: list[PythonSk
     request = {
         "backend": backend,
         "install": [str(uv.exe), *install],
-        "skills": [{"name": s.name, "dir": str(s.skill.path), "out": str(workdir / s.name)}
-                   for s in members],
+        "skills": [_item(s, workdir, publish) for s in members],
         "results": str(workdir / "results.json"),
     }
     (workdir / "request.json").write_text(json.dumps(request), encoding="utf-8")
@@ -115,6 +187,14 @@ def _build_group(backend: str, requires: tuple[str, ...], members: list[PythonSk
             log.info("uv builds this skill instead", skill=skill.name,
                      error=str(outcome.get("error", "no wheel")).strip().splitlines()[-1:])
     return wheels
+
+
+def _item(skill: PythonSkill, workdir: Path, publish: Publish) -> dict[str, object]:
+    if skill.name not in publish:
+        return {"name": skill.name, "dir": str(skill.skill.path), "out": str(workdir / skill.name)}
+    staging, entry, meta = publish[skill.name]
+    return {"name": skill.name, "dir": str(skill.skill.path), "out": str(staging),
+            "entry": str(entry), "meta": dict(meta)}
 
 
 # -- after uv installed the wheels -------------------------------------------------------------

@@ -240,8 +240,10 @@ def _install_pending(sync: _Sync, pending: list[PythonSkill], size: int) -> None
                 # That call was the skill alone: isolating it would only repeat it.
                 sync.fail(landing[0], e.tail or str(e))
             else:
+                # No error here: each bad skill's own warning shows it, once.
                 log.warning("skill group failed; installing one by one to find the bad ones",
-                            skills=[s.name for s in landing], error=e.tail)
+                            skills=[s.name for s in landing])
+                log.debug("the group's error", error=e.tail)
                 progress.note("isolating a failed group")
                 _isolate(sync, landing)
         else:

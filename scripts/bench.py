@@ -6,7 +6,10 @@ Figures (``--only`` takes a comma-separated list of these names):
                    (6 Python skills), and what the warm path imports (``-X importtime``);
 - ``inprocess``    in-process warm ``bootstrap.engine.ensure(config)``, 10 skills (timeit);
 - ``cold``         cold ``ensure`` of 8 Python skills vs one ``uv pip install -e`` per skill;
+- ``rebuild``      a new venv for 6 skills built before (both build caches warm) vs uv alone;
 - ``kill``         sessions SIGKILLed every 1.5 s and 3 s on 12 skills: sessions until ready;
+- ``kill-load``    the same under a CPU hog on one core, kills every 0.8-3 s (seeded), with
+                   every backend build counted per skill (no finished build may be redone);
 - ``growth-warm``  the warm path for 1, 10, 50, 100 skills;
 - ``growth-cold``  the cold path for 1, 4, 8, 16 skills;
 - ``push``         ``scripts/bench_push.py``'s table (push vs number of files).
@@ -41,10 +44,12 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 import bench_growth
 import bench_kill
 from bench_lib import (
+    BASE_PYTHON,
     KERNEL_BOOTSTRAP,
     REPO,
     RUNTIME,
     Settings,
+    Timing,
     Workspace,
     World,
     check,
@@ -58,6 +63,7 @@ from bench_lib import (
     quartiles,
     requirements_file,
     rmtree,
+    run_timed,
     settings,
     settle,
     skills_only_file,
@@ -67,7 +73,8 @@ from bench_lib import (
 from bench_report import Results, Table, Verdict, draw, load_curves, machine, ms, ratio, secs
 from bench_report import write_markdown as write_blocks
 
-FIGURES = ("warm-cli", "inprocess", "cold", "kill", "growth-warm", "growth-cold", "push")
+FIGURES = ("warm-cli", "inprocess", "cold", "rebuild", "kill", "kill-load", "growth-warm",
+           "growth-cold", "push")
 # Modules the warm path must not import (each costs ~5-100 ms to import on this kind of machine).
 HEAVY = ("structlog", "asyncio", "packaging", "importlib.metadata", "filelock", "tomllib",
          "json", "argparse", "hashlib", "dataclasses", "typing", "pathlib", "subprocess",
@@ -215,6 +222,49 @@ def fig_cold(ws: Workspace, s: Settings, out: Results) -> None:
         f"{cpu_ours / cpu_base:.2f}x CPU", wall_ours / wall_base <= 0.5))
 
 
+# --- issue 13: a new venv for skills built before ---------------------------------------------
+
+
+def fig_rebuild(ws: Workspace, s: Settings, out: Results) -> None:
+    """A venv made again for the same skills (a runtime change, `repair --force`, a host that
+    wipes venvs but keeps skills and caches): ours with its build cache vs uv with its own."""
+    world = make_world(ws, "rebuild", 6, plain=False)
+    reqs = requirements_file(world)
+    uv_venv = world.dir / "venv-uv"
+    uv_alone = ["bash", "-c", 'set -e; "$0" venv --quiet --python "$1" "$2"; '
+                '"$0" pip install --quiet --python "$2/bin/python" -r "$3"',
+                str(ws.uv), BASE_PYTHON, str(uv_venv), str(reqs)]
+    check(ours_argv(world))  # builds the skills into our cache
+    check(uv_alone)  # and into uv's
+
+    def ours() -> Timing:
+        rmtree(world.venv)
+        return run_timed(ours_argv(world))
+
+    def uv() -> Timing:
+        rmtree(uv_venv)
+        return run_timed(uv_alone)
+    variants = {"`kernel-bootstrap ensure`, new venv, skills in its build cache": ours,
+                "uv alone: `uv venv`, one `uv pip install -r` (runtime + 6 `-e`)": uv}
+    times = interleave(variants, s.cold_rounds * 2 + 1)
+    runs_ours, runs_uv = times.values()
+    wall_uv = median(t.wall for t in runs_uv)
+    rows = [[name, secs(median(t.wall for t in runs)),
+             ratio(median(t.wall for t in runs), wall_uv), secs(median(t.cpu for t in runs))]
+            for name, runs in times.items()]
+    wall_ours = median(t.wall for t in runs_ours)
+    out.tables["rebuild"] = [Table(
+        "Issue 13, 1: a new venv for 6 Python skills built before, both caches warm",
+        ["command", "median wall s", "vs uv alone", "median CPU s"], rows,
+        [f"Median of {len(runs_ours)} interleaved rounds; the venv is removed before each run "
+         f"(same skill paths, so uv's cache and ours both hold the builds). Runtime "
+         f"`{' '.join(RUNTIME)}` from uv's cache on both sides."])]
+    out.verdicts.append(Verdict(
+        "13.1 new venv, skills built before, vs uv alone", "<= 1.2x (goal 0.8x)",
+        f"{wall_ours / wall_uv:.2f}x ({secs(wall_ours)} vs {secs(wall_uv)} s)",
+        wall_ours / wall_uv <= 1.2))
+
+
 # --- target 4: kill convergence ----------------------------------------------------------------
 
 
@@ -224,8 +274,15 @@ def fig_kill(ws: Workspace, s: Settings, out: Results) -> None:
     out.verdicts += bench_kill.verdicts(trials)
 
 
+def fig_kill_load(ws: Workspace, s: Settings, out: Results) -> None:
+    trials = bench_kill.run_loaded(ws, s.kill_trials, 12, seed=13)
+    out.tables["kill-load"] = bench_kill.loaded_tables(trials, 12)
+    out.verdicts += bench_kill.loaded_verdicts(trials)
+
+
 RUNNERS: dict[str, Callable[[Workspace, Settings, Results], None]] = {  # in FIGURES order
-    "warm-cli": fig_warm_cli, "inprocess": fig_inprocess, "cold": fig_cold, "kill": fig_kill,
+    "warm-cli": fig_warm_cli, "inprocess": fig_inprocess, "cold": fig_cold,
+    "rebuild": fig_rebuild, "kill": fig_kill, "kill-load": fig_kill_load,
     "growth-warm": bench_growth.fig_growth_warm, "growth-cold": bench_growth.fig_growth_cold,
     "push": bench_growth.fig_push,
 }

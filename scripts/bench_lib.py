@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
+from testing.skills import Package, make_skill
+
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent  # the dev venv running the benchmarks
 KERNEL_BOOTSTRAP = BIN / "kernel-bootstrap"
@@ -124,7 +126,7 @@ def warm_uv_cache(ws: Workspace) -> None:
     would otherwise go to the network whenever a cached index page expires (10 min on PyPI).
     """
     run = ws.fresh("warmup")
-    skill = make_skill(run / "skills", "warmup")
+    skill = make_skill(run / "skills", "warmup", package=Package())
     venv = run / "venv"
     check([ws.uv, "venv", "--quiet", "--python", BASE_PYTHON, venv])
     check([ws.uv, "pip", "install", "--quiet", "--python", venv / "bin" / "python",
@@ -141,30 +143,6 @@ def warm_uv_cache(ws: Workspace) -> None:
 # --- skills and configs ----------------------------------------------------------------------
 
 
-def make_skill(parent: Path, name: str, *, python: bool = True) -> Path:
-    """A real skill: SKILL.md, and for a Python skill a small hatchling project (src layout)."""
-    path = parent / name
-    module = name.replace("-", "_")
-    (path / "src" / module).mkdir(parents=True)
-    (path / "SKILL.md").write_text(
-        f"---\nname: {name}\ndescription: benchmark skill {name}\n---\n# {name}\n", "utf-8")
-    (path / "src" / module / "__init__.py").write_text(f"NAME = {name!r}\n", "utf-8")
-    if python:
-        (path / "pyproject.toml").write_text(textwrap.dedent(f"""\
-            [build-system]
-            requires = ["hatchling"]
-            build-backend = "hatchling.build"
-
-            [project]
-            name = "{name}"
-            version = "0.1.0"
-
-            [tool.hatch.build.targets.wheel]
-            packages = ["src/{module}"]
-            """), "utf-8")
-    return path
-
-
 @dataclass(frozen=True)
 class World:
     """A config with ``n`` Python skills (and optionally one plain skill) in a fresh directory."""
@@ -179,11 +157,32 @@ class World:
         return self.venv / "bin" / "python"
 
 
-def make_world(ws: Workspace, tag: str, n: int, *, plain: bool = True) -> World:
+# A hatchling build hook that appends the skill's name to a log once its wheel is built: uv's
+# builds and kernel-bootstrap's run it alike, so the log counts every backend build.
+COUNT_HOOK = """\
+import os
+from hatchling.builders.hooks.plugin.interface import BuildHookInterface
+
+class CustomBuildHook(BuildHookInterface):
+    def finalize(self, version, build_data, artifact_path):
+        with open({log!r}, "a") as f:
+            f.write(os.path.basename(self.root) + "\\n")
+"""
+
+
+def make_world(ws: Workspace, tag: str, n: int, *, plain: bool = True,
+               count_builds: Path | None = None) -> World:
+    """``n`` Python skills (and a plain one); with ``count_builds``, each build of a skill
+    appends its name to that file."""
     root = ws.fresh(tag)
-    skills = tuple(make_skill(root / "skills", f"skill-{i:03}") for i in range(n))
+    hook = {"hatch_build.py": COUNT_HOOK.format(log=str(count_builds))} if count_builds else {}
+    skills = tuple(make_skill(root / "skills", f"skill-{i:03}", hook, package=Package())
+                   for i in range(n))
+    for skill in skills if count_builds else ():
+        with (skill / "pyproject.toml").open("a", encoding="utf-8") as f:
+            f.write("\n[tool.hatch.build.hooks.custom]\n")
     if plain:
-        make_skill(root / "skills", "notes", python=False)
+        make_skill(root / "skills", "notes")
     config = root / "kernel-bootstrap.toml"
     config.write_text(
         f"venv = {json.dumps(str(root / 'venv'))}\n"

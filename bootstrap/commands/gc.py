@@ -1,4 +1,5 @@
-"""``kernel-bootstrap gc``: remove what dead processes left beside the venv."""
+"""``kernel-bootstrap gc``: remove what dead processes left beside the venv, and prune the build
+cache (entries whose skill is gone or that nobody used for 30 days)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,10 @@ from bootstrap.venv import recover
 def gc(config_path: Path | None, *, as_json: bool, roots: Sequence[Path] = (),
        grace: float = 30.0, lock_timeout: float = 10.0) -> int:
     """Clean beside the config's venv (when there is a config) and beside each ``--root``."""
-    done: list[str] = []
+    from bootstrap.buildcache import prune
+
+    # The build cache is the user's, not the config's: pruned whichever venv (if any) we serve.
+    done: list[str] = prune()
     if roots:
         from bootstrap.publish import gc_publish_state
 
@@ -31,7 +35,7 @@ def gc(config_path: Path | None, *, as_json: bool, roots: Sequence[Path] = (),
         # Under the lock, every staging or retired tree belongs to a process that is gone: only
         # the holder builds. A live holder makes us wait (bounded), never remove its work.
         with lock.hold(lock.lock_path(config.venv), lock_timeout, purpose="gc"):
-            done = recover(config.venv)
+            done += recover(config.venv)
     return _report(config.venv, done, as_json)
 
 

@@ -1,0 +1,151 @@
+"""The build cache with the real uv: each skill is built once, ever, whatever happens to the venvs.
+
+Builds are counted by a hatchling build hook in every skill that appends the skill's name to a
+log when its build finishes: uv's builds and ours run it alike, so the counts are every backend
+build of the test, by anyone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import textwrap
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from testing.processes import kill_group, start, wait_for
+from tests.integration.conftest import RealWorld
+
+# Waits while a HANG file sits in the project (a build a test can kill), then records the build.
+COUNT_HOOK = textwrap.dedent("""\
+    import os, time
+    from hatchling.builders.hooks.plugin.interface import BuildHookInterface
+
+    class CustomBuildHook(BuildHookInterface):
+        def initialize(self, version, build_data):
+            while os.path.exists(os.path.join(self.root, "HANG")):
+                time.sleep(0.1)
+            with open({log!r}, "a") as f:
+                f.write(os.path.basename(self.root) + "\\n")
+    """)
+NAMES = ["alpha", "beta", "gamma"]
+
+
+def counted(real: RealWorld, *names: str) -> None:
+    for name in names:
+        path = real.skill(name, files={"hatch_build.py": COUNT_HOOK.format(
+            log=str(real.root / "builds.log"))})
+        with (path / "pyproject.toml").open("a") as f:
+            f.write("\n[tool.hatch.build.hooks.custom]\n")
+
+
+def builds(real: RealWorld) -> Counter[str]:
+    try:
+        return Counter((real.root / "builds.log").read_text().split())
+    except FileNotFoundError:
+        return Counter()
+
+
+def cache_entries(real: RealWorld) -> list[Path]:
+    root = Path(real.env["XDG_CACHE_HOME"]) / "kernel-bootstrap" / "builds"
+    return sorted(p for p in root.iterdir() if (p / "entry.json").is_file())
+
+
+def new_venv(real: RealWorld, name: str, *args: str) -> dict[str, Any]:
+    """``ensure --json`` into another venv; its stderr is added to the answer as ``stderr``."""
+    result = real.ensure("--json", *args, env={"KERNEL_BOOTSTRAP_VENV": str(real.root / name)})
+    out: dict[str, Any] = json.loads(result.stdout)
+    out["stderr"] = result.stderr
+    return out
+
+
+def imports_in(real: RealWorld, venv: str, *modules: str) -> bool:
+    python = real.root / venv / "bin" / "python"
+    return subprocess.run([str(python), "-c", "; ".join(f"import {m}" for m in modules)],
+                          check=False).returncode == 0
+
+
+def test_a_new_venv_for_built_skills_builds_nothing(real: RealWorld) -> None:
+    counted(real, *NAMES)
+    real.ensure()
+    assert builds(real) == Counter(NAMES)
+    assert len(cache_entries(real)) == 3
+    real.clear_log()
+    out = new_venv(real, "venv2")
+    assert sorted(out["installed"]) == NAMES
+    assert real.build_env_calls() == [], "a build environment was made for cached skills"
+    assert builds(real) == Counter(NAMES), "a cached skill was built again"
+    [call] = [c for c in real.uv_calls() if "-r" in c]
+    assert call.wheels == 3  # one uv call installs the cached wheels, as before
+    assert imports_in(real, "venv2", *NAMES)
+
+
+def test_a_killed_batched_build_keeps_what_it_finished(real: RealWorld) -> None:
+    counted(real, *NAMES)
+    (real.skills_dir / "gamma" / "HANG").write_text("")  # built last: alpha and beta finish
+    proc = start(real)
+    try:
+        wait_for(lambda: builds(real) == Counter(["alpha", "beta"]), 90, proc)
+        wait_for(lambda: len(cache_entries(real)) == 2, 10, proc)
+    finally:
+        kill_group(proc)
+    assert real.status()["ready"] is False
+    (real.skills_dir / "gamma" / "HANG").unlink()
+    real.ensure()
+    assert builds(real) == Counter(NAMES), "a build the killed session finished was redone"
+    assert len(cache_entries(real)) == 3
+    assert real.imports("alpha") and real.imports("gamma")
+
+
+def test_an_edited_pyproject_misses_for_that_skill_only(real: RealWorld) -> None:
+    counted(real, *NAMES)
+    real.ensure()
+    with (real.skills_dir / "beta" / "pyproject.toml").open("a") as f:
+        f.write("# edited\n")
+    out = new_venv(real, "venv2")
+    assert sorted(out["installed"]) == NAMES
+    assert builds(real) == Counter([*NAMES, "beta"])
+    assert imports_in(real, "venv2", *NAMES)
+
+
+def test_a_corrupt_entry_is_rebuilt_with_a_warning(real: RealWorld) -> None:
+    counted(real, *NAMES)
+    real.ensure()
+    for entry in cache_entries(real):
+        meta = json.loads((entry / "entry.json").read_text())
+        if meta["name"] == "alpha":
+            (entry / meta["wheel"]).write_bytes(b"PK not a wheel")
+        if meta["name"] == "beta":
+            (entry / "entry.json").write_text("{")
+    out = new_venv(real, "venv2")
+    assert "corrupt build cache entry" in out["stderr"]
+    assert sorted(out["installed"]) == NAMES and out["failed"] == []
+    assert builds(real) == Counter([*NAMES, "alpha", "beta"])
+    assert imports_in(real, "venv2", *NAMES)
+    new_venv(real, "venv3")  # the rebuilt entries took their place
+    assert builds(real) == Counter([*NAMES, "alpha", "beta"])
+
+
+def test_two_sessions_on_two_venvs_build_each_skill_once(real: RealWorld) -> None:
+    counted(real, *NAMES)
+    procs = [start(real, "--json", env={"KERNEL_BOOTSTRAP_VENV": str(real.root / name)})
+             for name in ("one", "two")]
+    for proc in procs:
+        stdout, stderr = proc.communicate(timeout=180)
+        assert proc.returncode == 0, stderr
+        assert sorted(json.loads(stdout)["installed"]) == NAMES
+    assert builds(real) == Counter(NAMES)
+    assert imports_in(real, "one", *NAMES) and imports_in(real, "two", *NAMES)
+
+
+def test_gc_prunes_entries_of_skills_that_are_gone(real: RealWorld) -> None:
+    counted(real, *NAMES)
+    real.ensure()
+    (real.skills_dir / "gamma" / "pyproject.toml").unlink()
+    result = real.run("gc", "--json")
+    assert result.returncode == 0, result.stderr
+    assert len([d for d in json.loads(result.stdout)["done"] if "build cache" in d]) == 1
+    assert len(cache_entries(real)) == 2
+    assert os.path.isdir(real.venv)
