@@ -108,6 +108,12 @@ def _environment_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
     p.add_argument("--json", action="store_true")
     p.add_argument("--lock-timeout", type=_positive, default=300.0, metavar="SECONDS")
 
+    p = sub.add_parser("lock", help="pin the runtime's requirements with hashes in the lock file")
+    _common(p)
+    p.add_argument("--upgrade", action="store_true", help="re-resolve even if nothing changed, "
+                   "taking the newest versions allowed")
+    p.add_argument("--json", action="store_true")
+
     p = sub.add_parser("gc", help="remove leftovers of dead processes")
     _common(p)
     p.add_argument("--root", dest="roots", action="append", type=Path, default=[],
@@ -212,6 +218,10 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         return repair(args.config, force=args.force, as_json=args.json,
                       lock_timeout=args.lock_timeout)
+    if cmd == "lock":
+        from bootstrap.commands.lock import lock
+
+        return lock(args.config, upgrade=args.upgrade, as_json=args.json)
     if cmd == "gc":
         from bootstrap.commands.gc import gc
 

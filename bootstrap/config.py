@@ -22,7 +22,7 @@ DEFAULT_FILE: Final = "kernel-bootstrap.toml"
 PYPROJECT: Final = "pyproject.toml"
 _KEYS: Final = frozenset(
     {"venv", "python", "requirements", "constraints", "uv-args", "skills", "ready-check",
-     "snapshots"}
+     "snapshots", "lock"}
 )
 
 
@@ -53,6 +53,8 @@ class Config:
     skills: tuple[Skill, ...] = ()
     ready_check: str | None = None
     snapshots: Path | None = None
+    # The lock file `kernel-bootstrap lock` writes: ensure installs exactly its pins.
+    lock: Path | None = None
     # KERNEL_BOOTSTRAP_PYTHON: use this interpreter as it is; no venv is managed.
     override_python: Path | None = None
     # Directories skill discovery listed: a skill appearing in one changes its mtime, which is
@@ -132,6 +134,7 @@ def config_from_dict(data: dict[str, Any], file: Path) -> Config:
         skills=skills,
         ready_check=reader.string("ready-check"),
         snapshots=snapshots,
+        lock=reader.path("lock", base),
         override_python=Path(override) if override else None,
         watch=watch,
     )
