@@ -151,7 +151,7 @@ def rebuild(config: Config, uv: Uv,
         uv.create_venv(staged, config.python)
         if config.lock is not None:
             progress.step(f"installing the pinned runtime from {config.lock.name}")
-            _install_locked(uv, interpreter(staged), config.lock)
+            lockfile.install_locked(uv, interpreter(staged), config.lock)
         elif config.requirements:
             progress.step(f"installing the runtime ({len(config.requirements)} requirements)")
             log.info("installing the runtime", requirements=list(config.requirements))
@@ -165,14 +165,6 @@ def rebuild(config: Config, uv: Uv,
         method = swap_into_place(staged, live)
     log.info("runtime ready", venv=str(live), swap=method)
     return runtime, False
-
-
-def _install_locked(uv: Uv, python: Path, lock: Path) -> None:
-    log.info("installing the pinned runtime", lock=str(lock))
-    # Without the constraints file: its resolution is in the pins already, and uv refuses
-    # unpinned constraint lines when hashes are required.
-    uv.run("pip", "install", "--python", python, *uv.build_args, *lockfile.install_args(lock),
-           what=f"uv could not install the pins of {lock} (the live venv, if any, is unchanged)")
 
 
 def _runtime_record(config: Config, version: str) -> RuntimeRecord:

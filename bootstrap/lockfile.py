@@ -211,6 +211,14 @@ def install_args(lock: Path) -> list[str]:
     return [*preview, "-r", str(lock), "--require-hashes"]
 
 
+def install_locked(uv: Uv, python: Path, lock: Path) -> None:
+    log.info("installing the pinned runtime", lock=str(lock))
+    # Without the constraints file: its resolution is in the pins already, and uv refuses
+    # unpinned constraint lines when hashes are required.
+    uv.run("pip", "install", "--python", python, *uv.build_args, *install_args(lock),
+           what=f"uv could not install the pins of {lock} (the live venv, if any, is unchanged)")
+
+
 def _configured(config: Config) -> Path:
     if config.lock is None:
         raise ConfigError(f"{config.path}: no `lock` is configured; add `lock = \"pylock.toml\"` "
