@@ -103,7 +103,7 @@ def _same_version(have: str, pin: str) -> bool:
 def repair(config: Config, skill_projects: Iterable[str], lock_timeout: float) -> list[str]:
     """Remove what is neither pinned nor needed, reinstall drifted pins; say what was done."""
     python = interpreter(config.venv)
-    with lock.hold(config.venv, lock_timeout, purpose="repair"):
+    with lock.hold(lock.lock_path(config.venv), lock_timeout, purpose="repair"):
         # Another process may have changed the venv since repair looked.
         found = inspect(config, python, skill_projects) if python.exists() else None
         if found is None or found.exact:

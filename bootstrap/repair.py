@@ -135,7 +135,7 @@ def repair(config: Config, *, force: bool = False, lock_timeout: float = 300.0) 
         done = _fix(config, before, force=force or bool(before.runtime),
                     lock_timeout=lock_timeout)
     # Only a current runtime: a rebuild that failed left the old venv, built from other pins.
-    if config.lock is not None and assess(config).base_current:
+    if config.lock is not None and status(config).base_current:
         done += exact.repair(config, _projects(config), lock_timeout)
     after = inspect(config)
     return RepairReport(interpreter(config.venv), before.lines(), done, after.healthy,
