@@ -171,6 +171,11 @@ def _environment_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
     p.add_argument("--json", action="store_true", help="print one JSON object")
     _lock_timeout(p, 300.0)
 
+    p = _add(sub, "lock", "pin the runtime's requirements with hashes in the lock file")
+    p.add_argument("--upgrade", action="store_true", help="re-resolve even if nothing changed, "
+                   "taking the newest versions allowed")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
     p = _add(sub, "gc", "remove leftovers of dead processes")
     p.add_argument("--root", dest="roots", action="append", type=Path, default=[],
                    metavar="ROOT", help="also clean the publish state of this skill root "
@@ -328,6 +333,10 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         return repair(args.config, force=args.force, as_json=args.json,
                       lock_timeout=args.lock_timeout)
+    if cmd == "lock":
+        from bootstrap.commands.lock import lock
+
+        return lock(args.config, upgrade=args.upgrade, as_json=args.json)
     if cmd == "gc":
         from bootstrap.commands.gc import gc
 

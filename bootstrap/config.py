@@ -25,7 +25,7 @@ TABLE: Final = "tool.kernel-bootstrap"
 ENV_CONFIG: Final = "KERNEL_BOOTSTRAP_CONFIG"
 _KEYS: Final = frozenset(
     {"venv", "python", "requirements", "constraints", "uv-args", "skills", "ready-check",
-     "snapshots"}
+     "snapshots", "lock"}
 )
 
 
@@ -58,6 +58,8 @@ class Config:
     skills: tuple[Skill, ...] = ()
     ready_check: str | None = None
     snapshots: Path | None = None
+    # The lock file `kernel-bootstrap lock` writes: ensure installs exactly its pins.
+    lock: Path | None = None
     # KERNEL_BOOTSTRAP_PYTHON: use this interpreter as it is; no venv is managed.
     override_python: Path | None = None
     # Directories skill discovery listed: a skill appearing in one changes its mtime, which is
@@ -190,6 +192,7 @@ def config_from_dict(data: dict[str, Any], file: Path) -> Config:
         skills=skills,
         ready_check=reader.string("ready-check"),
         snapshots=snapshots,
+        lock=reader.path("lock", base),
         override_python=Path(override) if override else None,
         watch=watch,
     )

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Final
 
-from bootstrap import lock, log, process, progress, snapshot, warm
+from bootstrap import lock, lockfile, log, process, progress, snapshot, warm
 from bootstrap.config import Config, validate_requirements
 from bootstrap.errors import BootstrapError, ConfigError
 from bootstrap.fs import remove_quietly, removed_on_failure
@@ -57,6 +57,7 @@ def ensure(config: Config, *, lock_timeout: float = 300.0, force: bool = False,
         # Only a rebuild reads the requirements; a current runtime's were valid when it was
         # built (its identity covers them). Checked before the lock so nothing is created.
         validate_requirements(config)
+        lockfile.require_current(config)
     with lock.hold(lock.lock_path(config.venv), lock_timeout):
         # Only here, under the lock: a staging tree is a leftover only if its builder is gone.
         recover(config.venv)
@@ -82,8 +83,9 @@ def _make_ready(config: Config, found: Status, force: bool, reinstall: frozenset
         progress.start(skills_step)
     else:
         validate_requirements(config)  # cheap when done already; the state may have moved
+        lockfile.require_current(config)
         _say_why_rebuild(found, force)
-        progress.start(2 + bool(config.requirements) + skills_step)
+        progress.start(2 + bool(config.requirements or config.lock) + skills_step)
         snapshots = snapshot.plan(config, uv)
         action = "rebuild"
         runtime, restored = rebuild(config, uv, snapshots)
@@ -104,6 +106,8 @@ def _config_paths(config: Config) -> list[str]:
     paths = [config.path] if config.path else []
     if config.constraints:
         paths.append(config.constraints)
+    if config.lock:
+        paths.append(config.lock)
     paths += config.watch
     for skill in config.skills:
         paths += [skill.path, skill.path / SKILL_FILE, skill.pyproject]
@@ -145,7 +149,10 @@ def rebuild(config: Config, uv: Uv,
     with removed_on_failure(staged):
         progress.step("creating the venv")
         uv.create_venv(staged, config.python)
-        if config.requirements:
+        if config.lock is not None:
+            progress.step(f"installing the pinned runtime from {config.lock.name}")
+            lockfile.install_locked(uv, interpreter(staged), config.lock)
+        elif config.requirements:
             progress.step(f"installing the runtime ({len(config.requirements)} requirements)")
             log.info("installing the runtime", requirements=list(config.requirements))
             uv.install(interpreter(staged), list(config.requirements),

@@ -2,8 +2,9 @@
 
 It covers the interpreter request and the version the venv actually runs (read from
 ``pyvenv.cfg``, so the warm path needs no child process), the requirements (whitespace-
-insensitive, order-insensitive), the constraints file's digest, ``uv-args`` and the marker
-schema. Skills are not part of it: a skill change never rebuilds the runtime.
+insensitive, order-insensitive), the constraints file's digest, ``uv-args``, the marker
+schema and, when a ``lock`` is configured, the lock file's digest. Skills are not part of it:
+a skill change never rebuilds the runtime.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import TypedDict
+from typing import NotRequired, TypedDict
 
 from bootstrap.config import Config
 
@@ -25,6 +26,8 @@ class RuntimeInputs(TypedDict):
     requirements: list[str]
     constraints: str | None
     uv_args: list[str]
+    lock: NotRequired[str | None]  # only with a `lock` configured
+
 
 
 def normalise_requirement(text: str) -> str:
@@ -38,7 +41,7 @@ def file_digest(path: Path) -> str:
 
 
 def runtime_inputs(config: Config, python_version: str) -> RuntimeInputs:
-    return {
+    inputs: RuntimeInputs = {
         "schema": SCHEMA,
         "python": config.python,
         "python_version": python_version,
@@ -46,6 +49,20 @@ def runtime_inputs(config: Config, python_version: str) -> RuntimeInputs:
         "constraints": file_digest(config.constraints) if config.constraints else None,
         "uv_args": list(config.uv_args),
     }
+    if config.lock is not None:
+        # The key exists only with a lock configured: adding it to every identity would change
+        # the identity of every existing venv and rebuild them all on upgrade.
+        inputs["lock"] = _digest_or_none(config.lock)
+    return inputs
+
+
+def _digest_or_none(path: Path) -> str | None:
+    # A missing or unreadable lock is refused before anything is built; here it only has to
+    # differ from any recorded digest.
+    try:
+        return file_digest(path) if path.is_file() else None  # a FIFO would hang the read
+    except OSError:
+        return None
 
 
 def identity_of(inputs: RuntimeInputs) -> str:

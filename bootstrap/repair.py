@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bootstrap import process
+from bootstrap import exact, process
 from bootstrap.config import Config, validate_requirements
 from bootstrap.engine import CHECK_TIMEOUT, ensure
 from bootstrap.errors import ProcessError
@@ -30,14 +30,20 @@ class Findings:
     # The venv is fine but the marker disagrees with the config (a skill not recorded yet, one
     # recorded but no longer configured): an ordinary sync fixes these.
     records: list[str] = field(default_factory=list)
+    # With a lock: packages neither pinned nor needed by a skill, pins whose version drifted.
+    inexact: list[str] = field(default_factory=list)
+
+    @property
+    def needs_sync(self) -> bool:
+        return bool(self.runtime or self.skills or self.records)
 
     @property
     def healthy(self) -> bool:
-        return not self.runtime and not self.skills and not self.records
+        return not self.needs_sync and not self.inexact
 
     def lines(self) -> list[str]:
         return [*self.runtime, *(f"skill {n}: {why}" for n, why in self.skills.items()),
-                *self.records]
+                *self.records, *self.inexact]
 
 
 @dataclass(frozen=True)
@@ -73,7 +79,13 @@ def inspect(config: Config) -> Findings:
         if problem:
             findings.skills[skill.name] = problem
     findings.records = _record_problems(state, findings.skills)
+    if config.lock is not None and not findings.runtime:
+        findings.inexact = exact.inspect(config, state.python, _projects(config)).lines()
     return findings
+
+
+def _projects(config: Config) -> list[str]:
+    return [s.project for s in map(load_python_skill, config.python_skills) if s.project]
 
 
 def _ready_check_problem(python: Path, code: str) -> list[str]:
@@ -119,9 +131,12 @@ def repair(config: Config, *, force: bool = False, lock_timeout: float = 300.0) 
         return _repair_override(config)
     before = inspect(config)
     done: list[str] = []
-    if force or not before.healthy:
+    if force or before.needs_sync:
         done = _fix(config, before, force=force or bool(before.runtime),
                     lock_timeout=lock_timeout)
+    # Only a current runtime: a rebuild that failed left the old venv, built from other pins.
+    if config.lock is not None and status(config).base_current:
+        done += exact.repair(config, _projects(config), lock_timeout)
     after = inspect(config)
     return RepairReport(interpreter(config.venv), before.lines(), done, after.healthy,
                         after.lines())

@@ -16,6 +16,7 @@ from typing import Final, NamedTuple
 
 from fake_uv import cli, dists, projects, reqs, venvs
 from fake_uv.errors import UvExit, failure
+from fake_uv.lock import add_locked, hashed
 from fake_uv.output import Console, plural
 from fake_uv.projects import Project
 
@@ -23,11 +24,11 @@ INSTALL_SPEC: Final = cli.spec(
     "uv pip install --python <PYTHON> <PACKAGE|--requirements <REQUIREMENTS>|"
     "--editable <EDITABLE>>",
     flags={"--reinstall", "--no-deps", "--compile-bytecode", "--strict", "--upgrade",
-           "--no-build-isolation", "--refresh", "--no-index"},
+           "--no-build-isolation", "--refresh", "--no-index", "--require-hashes"},
     valued={"--python", "--editable", "--requirements", "--constraints", "--exclude-newer",
             "--index-url", "--extra-index-url", "--default-index", "--index", "--find-links",
             "--link-mode", "--reinstall-package", "--refresh-package", "--prerelease",
-            "--resolution", "--index-strategy"},
+            "--resolution", "--index-strategy", "--preview-features"},
     aliases={"-p": "--python", "-e": "--editable", "-r": "--requirements",
              "--requirement": "--requirements", "-c": "--constraints",
              "--constraint": "--constraints", "-U": "--upgrade", "-i": "--index-url",
@@ -88,7 +89,10 @@ def install(args: Sequence[str]) -> int:
 def _gather(opts: cli.Parsed) -> reqs.Requests:
     requests = reqs.Requests()
     for path in opts.values("--requirements"):
-        requests.read(Path(path))
+        if hashed(Path(path), opts.flag("--require-hashes")):
+            add_locked(requests, Path(path), opts.flag("--require-hashes"))
+        else:
+            requests.read(Path(path))
     for path in opts.values("--constraints"):
         requests.read(Path(path), constraints=True)
     for directory in opts.values("--editable"):

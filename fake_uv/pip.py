@@ -38,6 +38,10 @@ def main(args: Sequence[str]) -> int:
         from fake_uv.install import install
 
         return install(rest)
+    if command == "compile":
+        from fake_uv.lock import compile_
+
+        return compile_(rest)
     handlers = {"uninstall": uninstall, "list": list_, "freeze": freeze, "show": show}
     if command not in handlers:
         raise UvExit(2, f"error: unrecognized subcommand '{command}'\n\nUsage: {_USAGE}\n\n"

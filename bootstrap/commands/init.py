@@ -41,6 +41,10 @@ requirements = ["ipykernel"]
 
 # A store of prebuilt environments (a directory, or s3://BUCKET/PREFIX with the `cloud` extra).
 # snapshots = "/shared/kernel-bootstrap-snapshots"
+
+# Pin the runtime: `kernel-bootstrap lock` writes this file (pins with hashes) and `ensure`
+# then installs exactly it, refusing a lock made from other requirements.
+# lock = "requirements.lock"
 """
 
 

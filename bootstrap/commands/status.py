@@ -20,10 +20,14 @@ def status(config_path: Path | None, *, as_json: bool) -> int:
     found = read_status(config)
     held = probe(config.venv)
     snapshot = snapshot_info(config)
+    lockfile = lockfile_info(config)
     if as_json:
-        print(json.dumps({**status_dict(found, held), "snapshot": snapshot}))
+        print(json.dumps({**status_dict(found, held), **lockfile, "snapshot": snapshot}))
     else:
-        print(render(found, held))
+        text = render(found, held)
+        if lockfile:
+            text = _with_lockfile(text, config, lockfile["lockfile"])
+        print(text)
         if snapshot["store"]:
             exists = {True: "one exists", False: "none yet", None: "unknown"}[snapshot["exists"]]
             print(f"snapshot: {exists} for this runtime in {snapshot['store']}")
@@ -44,6 +48,24 @@ def snapshot_info(config: Config) -> dict[str, Any]:
         return {"store": str(config.snapshots), "key": None, "exists": None}
     key = snapshot_key(config, local_platform(version))
     return {"store": str(config.snapshots), "key": key, "exists": Store(config.snapshots).has(key)}
+
+
+def lockfile_info(config: Config) -> dict[str, str]:
+    """``{"lockfile": current | stale | missing}``; empty when no lock is configured."""
+    if config.lock is None:
+        return {}
+    from bootstrap.lockfile import known_target, state
+
+    return {"lockfile": state(config, known_target(config))}
+
+
+def _with_lockfile(text: str, config: Config, state: str) -> str:
+    # Just above the verdict, whose advice must come first when the lock is what is wrong.
+    *lines, verdict = text.splitlines()
+    lines.append(f"lock file: {state} ({config.lock})")
+    if state != "current" and not verdict.endswith("yes"):
+        verdict = "ready:   no; run `kernel-bootstrap lock`, then `kernel-bootstrap ensure`"
+    return "\n".join([*lines, verdict])
 
 
 def status_dict(found: Status, held: LockInfo) -> dict[str, Any]:
