@@ -149,10 +149,22 @@ def _build() -> Any:
         colour = use_colour(sys.stderr)
         processors.append(lambda _logger, _name, event: render_console(event, colour))
     return structlog.wrap_logger(
-        structlog.PrintLogger(file=sys.stderr),
+        structlog.PrintLogger(file=_CurrentStderr()),  # type: ignore[arg-type]  # write+flush
         processors=processors,
         cache_logger_on_first_use=True,
     )
+
+
+class _CurrentStderr:
+    """Whatever ``sys.stderr`` is when a line is written, not when the logger was built: a host
+    that swaps stderr (a test runner's capture, a notebook) and closes the old one must not
+    make the next warning fail with "I/O operation on closed file"."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
 
 
 def render_console(event_dict: Mapping[str, Any], colour: bool = False) -> str:

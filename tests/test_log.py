@@ -295,3 +295,18 @@ def test_in_process_ensure_writes_nothing_to_stderr_without_a_handler(
         logging.getLogger("kernel_bootstrap").setLevel(logging.NOTSET)
     assert result.failed == {} and "gamma" in failed.failed
     assert capfd.readouterr().err == ""
+
+
+def test_log_lines_follow_stderr_when_the_host_swaps_and_closes_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A test runner's capture or a notebook replaces sys.stderr and closes the old stream; the
+    # next warning must land on the new one, not fail with "I/O operation on closed file".
+    first, second = io.StringIO(), io.StringIO()
+    monkeypatch.setattr(sys, "stderr", first)
+    log.configure(fmt="json")
+    log.warning("first", n=1)
+    first.close()
+    monkeypatch.setattr(sys, "stderr", second)
+    log.warning("second", n=2)
+    log.configure()
+    assert json.loads(second.getvalue())["event"] == "second"
