@@ -318,6 +318,13 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
+    # Split as the parsers are: the commands about the managed venv, then the rest.
+    if args.command in ("ensure", "status", "repair", "lock", "gc", "init"):
+        return _dispatch_environment(args)
+    return _dispatch_trees(args)
+
+
+def _dispatch_environment(args: argparse.Namespace) -> int:
     cmd: str = args.command
     if cmd == "ensure":
         from bootstrap.commands.ensure import ensure
@@ -346,6 +353,11 @@ def _dispatch(args: argparse.Namespace) -> int:
         from bootstrap.commands.init import init
 
         return init(args.config, force=args.force)
+    raise AssertionError(f"BUG: no handler for command {cmd!r}")
+
+
+def _dispatch_trees(args: argparse.Namespace) -> int:
+    cmd: str = args.command
     if cmd == "publish":
         from bootstrap.commands.publish import publish
 
