@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Final
 
 from bootstrap.errors import BootstrapError
-from bootstrap.fs import fsync_dir, temp_name, write_all
+from bootstrap.fs import fsync_dir, temp_name, write_synced
 
 
 class DiskError(BootstrapError, OSError):
@@ -56,7 +56,7 @@ def write_atomic(path: Path, data: bytes, *, attempts: int = WRITE_ATTEMPTS) -> 
     try:
         for attempt in range(1, attempts + 1):
             try:
-                _write_file(tmp, data)
+                write_synced(tmp, data)
                 os.replace(tmp, path)
                 break
             except OSError as e:
@@ -82,15 +82,6 @@ def _naming(e: OSError, path: Path) -> OSError:
     failed replace names is gone by the time anyone reads the message (a full disk used to
     print "[Errno 28] No space left on device" and nothing else)."""
     return OSError(e.errno, e.strerror, str(path))  # keeps the subclass: PermissionError, ...
-
-
-def _write_file(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        write_all(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _unlink_quietly(path: Path) -> None:

@@ -96,6 +96,19 @@ def write_all(fd: int, data: bytes | memoryview) -> None:
         view = view[os.write(fd, view):]
 
 
+def write_synced(path: Path, data: bytes, *, exclusive: bool = False) -> None:
+    """Write ``data`` to ``path`` and fsync it; ``exclusive`` refuses an existing path (and a
+    symlink planted there) instead of truncating it."""
+    flags = os.O_WRONLY | os.O_CREAT | _CLOEXEC | _BINARY
+    flags |= (os.O_EXCL | _NOFOLLOW) if exclusive else os.O_TRUNC
+    fd = os.open(path, flags, 0o644)
+    try:
+        write_all(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def fsync_dir(path: Path) -> None:
     """Make a rename or unlink in ``path`` durable (no-op where directories cannot be opened)."""
     if sys.platform == "win32":

@@ -26,7 +26,7 @@ from bootstrap.fs import (
     remove_quietly,
     removed_on_failure,
     temp_name,
-    write_all,
+    write_synced,
 )
 
 DEFAULT_NAME: Final = "kernel-bootstrap"
@@ -114,7 +114,8 @@ def install_spec(kernels: Path, name: str, spec: KernelSpec) -> Path:
     staged = temp_name(kernels.parent / f"kernelspec-{name}", "stage")
     with removed_on_failure(staged):
         staged.mkdir()
-        _write_durably(staged / SPEC_FILE, json.dumps(spec, indent=1).encode() + b"\n")
+        blob = json.dumps(spec, indent=1).encode() + b"\n"
+        write_synced(staged / SPEC_FILE, blob, exclusive=True)
         fsync_dir(staged)
         swap.swap_in(site, staged, target)
     fsync_dir(kernels)
@@ -149,12 +150,3 @@ def _recover(site: swap.Site, target: Path) -> None:
         tags = [tag for start, tag in kinds if path.name.startswith(start)]
         if tags and not pid_alive(owner_pid(path.name, tags[0])):
             remove_quietly(path)
-
-
-def _write_durably(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        write_all(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
