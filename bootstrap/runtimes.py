@@ -179,41 +179,57 @@ def _sh_path(path: str) -> str:
     return shlex.quote(path)
 
 
-# POSIX sh, busybox-portable: only mkdir, mv, rm, cat, sleep, tar (-x -p -o -f - -C: the
+# POSIX sh, busybox-portable: only mkdir, mv, ln, rm, cat, sleep, tar (-x -p -o -f - -C: the
 # spellings GNU, busybox and bsdtar all accept; -o is no-same-owner, -p keeps exec bits for
-# non-root), dirname, basename, kill -0, printf; `mountpoint` where present.
+# non-root), dirname, basename, kill -0, printf.
 _SCRIPT: Final = r"""set -u
 stage=
+probe=
 lock=
 held=
 say() { printf 'kernel-bootstrap push: %s\n' "$*" >&2; }
 cleanup() {
   if [ -n "$held" ]; then rm -rf "$lock"; held=; fi
+  if [ -n "$probe" ]; then rm -f "$probe"; probe=; fi
   if [ -n "$stage" ]; then rm -rf "$stage"; fi
 }
 fail() { say "$*"; cleanup; exit 1; }
 trap 'cleanup; exit 1' HUP INT TERM
 parent=$(dirname "$dest") && base=$(basename "$dest") || fail "bad destination $dest"
-# Staging left by pushes that were killed (their shell no longer runs) goes first.
+# Staging and probe links left by pushes that were killed (their shell no longer runs) go first.
 for old in "$parent/.$base.kb-push."* "$dest/.kb-push."*; do
-  [ -d "$old" ] || continue
+  [ -e "$old" ] || [ -L "$old" ] || continue
   pid=${old##*.}
   case $pid in ''|*[!0-9]*) continue ;; esac
   kill -0 "$pid" 2>/dev/null || rm -rf "$old"
 done
 mkdir -p "$dest" || fail "cannot create $dest"
 # Staging sits next to DEST, so agents scanning DEST never see a half-extracted tree. The
-# final rename must not cross a mount: when DEST is itself a mount point (a volume), or its
-# parent is not writable, stage in a hidden directory inside DEST instead (the lock too: every
-# push into one DEST makes the same choice, so they all meet at the same lock).
-if mountpoint -q "$dest" 2>/dev/null || ! mkdir "$parent/.$base.kb-push.$token.$$" 2>/dev/null
-then
+# final rename must not cross a mount: where it would (DEST is a volume, a bind mount, or a
+# link into another file system), mv falls back to copying, busybox's silently, and readers
+# see a half-copied skill. Minimal images have no `mountpoint` (Debian's busybox), so ask the
+# kernel what the rename needs: a hard link from the staging into DEST is refused across any
+# mount, as the rename would be, and ln never copies instead. When the link fails, or the
+# parent is not writable, stage in a hidden directory inside DEST (the lock too: every push
+# into one DEST makes the same choice, so they all meet at one lock).
+same_mount() {
+  : > "$stage/probe" 2>/dev/null || return 1
+  probe="$dest/.kb-push.$token.$$"
+  ln "$stage/probe" "$probe" 2>/dev/null || { probe=; return 1; }
+  rm -f "$probe" "$stage/probe"
+  probe=
+}
+if mkdir "$parent/.$base.kb-push.$token.$$" 2>/dev/null; then
+  stage="$parent/.$base.kb-push.$token.$$"
+fi
+if [ -n "$stage" ] && same_mount; then
+  lock="$parent/.$base.kb-push-lock"
+else
+  if [ -n "$stage" ]; then rm -rf "$stage"; fi
+  stage=
+  mkdir "$dest/.kb-push.$token.$$" || fail "cannot create a staging directory in $dest"
   stage="$dest/.kb-push.$token.$$"
   lock="$dest/.kb-push-lock"
-  mkdir "$stage" || fail "cannot create a staging directory in $dest"
-else
-  stage="$parent/.$base.kb-push.$token.$$"
-  lock="$parent/.$base.kb-push-lock"
 fi
 mkdir "$stage/new" "$stage/old" || fail "cannot create $stage"
 hint="(docker and kubectl need -i to pass the stream on stdin)"

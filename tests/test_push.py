@@ -143,10 +143,15 @@ def test_dead_pushes_staging_is_reaped_and_a_live_ones_kept(tmp_path: Path) -> N
     live = tmp_path / f".dest.kb-push.0000.{os.getpid()}"
     for d in (dead, live):
         (d / "new").mkdir(parents=True)
+    # A push killed while it tried a hard link into DEST (to learn whether a rename from
+    # beside DEST stays on one mount) leaves that link inside DEST.
+    dead_link = dest / ".kb-push.0000.999999999"
+    dead_link.write_text("")
 
     assert run_cli(src, "--dest", dest, "--exec", "env") == 0
 
     assert not dead.exists()
+    assert not dead_link.exists()
     assert live.exists()
 
 

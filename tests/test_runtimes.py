@@ -5,7 +5,11 @@ from __future__ import annotations
 import io
 import os
 import shutil
+import subprocess
+import sys
 import tarfile
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -22,6 +26,7 @@ from bootstrap.runtimes import (
 )
 from testing.skills import make_skill
 from tests.test_push import (
+    REPO,
     SKILLS,
     assert_one_complete_version,
     no_staging_left,
@@ -102,8 +107,9 @@ def busybox_runtime(tmp_path: Path) -> ExecRuntime:
     applets.mkdir()
     busybox = shutil.which("busybox")
     assert busybox is not None
-    for applet in ("sh", "tar", "mkdir", "mv", "rm", "dirname", "basename", "mountpoint",
-                   "printf", "echo", "kill", "env", "cat", "sleep"):
+    # No `mountpoint`: Debian's busybox has none, and minimal images often lack it.
+    for applet in ("sh", "tar", "mkdir", "mv", "ln", "rm", "dirname", "basename", "printf",
+                   "echo", "kill", "env", "cat", "sleep"):
         (applets / applet).symlink_to(busybox)
     return ExecRuntime((str(applets / "env"), f"PATH={applets}"))
 
@@ -134,4 +140,76 @@ def test_concurrent_pushes_take_turns_under_busybox_too(tmp_path: Path) -> None:
     assert [r.returncode for r in results] == [0] * 4, [r.stderr for r in results]
     for name in SKILLS:
         assert_one_complete_version(dest / name, 4)
+    no_staging_left(dest)
+
+
+def mount(*args: str) -> None:
+    done = subprocess.run(["mount", *args], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount here: {done.stderr.strip()}")
+
+
+@pytest.fixture(params=["tmpfs", "bind-mount", "link-into-a-mount"])
+def dest_across_a_mount(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Path]:
+    """A DEST whose parent lies on another mount than DEST itself: a volume, a directory bound
+    onto itself (same file system, still a mount), or a link to a directory in a volume."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting needs root")
+    kind = request.param
+    mounted = tmp_path / ("vol" if kind == "link-into-a-mount" else "skills")
+    mounted.mkdir()
+    if kind == "bind-mount":
+        mount("--bind", str(mounted), str(mounted))
+    else:
+        mount("-t", "tmpfs", "kb-test", str(mounted))
+    try:
+        if kind == "link-into-a-mount":
+            (mounted / "skills").mkdir()
+            (tmp_path / "skills").symlink_to(mounted / "skills")
+        yield tmp_path / "skills"
+    finally:
+        subprocess.run(["umount", "-l", str(mounted)], check=True)
+
+
+def wait_for(done: Callable[[], object], proc: subprocess.Popen[str], what: str) -> None:
+    deadline = time.monotonic() + 60
+    while not done():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            out, err = proc.communicate()
+            pytest.fail(f"never saw {what}; push exited {proc.returncode}: {out}{err}")
+        time.sleep(0.05)
+
+
+@needs_busybox
+def test_a_dest_across_a_mount_is_staged_inside_it_and_locked_there(
+        tmp_path: Path, dest_across_a_mount: Path) -> None:
+    # A rename across the mount fails and mv copies instead (busybox silently): readers would
+    # see a half-copied skill. The staging must sit on DEST's own mount, with no `mountpoint`
+    # command to ask. A live lock inside DEST holds the push after unpacking to show where.
+    dest = dest_across_a_mount
+    src = make_skill(tmp_path / "src", "tool", {"v.txt": "new", "d/big.bin": "x" * 500_000})
+    lock = dest / ".kb-push-lock"
+    lock.mkdir()
+    (lock / "pid").write_text(f"{os.getpid()}\n")  # alive for as long as the test runs
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    prefix = busybox_runtime(tmp_path).name
+    proc = subprocess.Popen([sys.executable, "-m", "bootstrap", "push", str(src), "--dest",
+                             str(dest), "--exec", prefix],
+                            env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_for(lambda: list(dest.glob(f".kb-push.*/new/{COMPLETE_MARKER}")), proc,
+                 "the unpacked stream inside DEST")
+        assert [p.name for p in dest.parent.iterdir() if ".kb-push" in p.name] == []
+        assert not (dest / "tool").exists()  # it waits for the lock
+        shutil.rmtree(lock)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+    assert proc.returncode == 0, err
+    assert out == f"{prefix}: tool -> {dest}/tool\n"
+    assert (dest / "tool/v.txt").read_text() == "new"
+    assert (dest / "tool/d/big.bin").stat().st_size == 500_000
     no_staging_left(dest)

@@ -42,9 +42,9 @@ class Docker:
         assert done.returncode == 0, f"docker {' '.join(args)}: {done.stderr}"
         return done.stdout
 
-    def container(self) -> str:
+    def container(self, *run_args: str) -> str:
         """A new container of the BusyBox image, idle, with no network; removed at the end."""
-        cid = self("run", "-d", "--network", "none", IMAGE, "sleep", "3600").strip()
+        cid = self("run", "-d", "--network", "none", *run_args, IMAGE, "sleep", "3600").strip()
         self.containers.append(cid)
         return cid
 
@@ -285,3 +285,32 @@ def test_pushes_wait_for_a_live_lock_holder_then_take_turns(tmp_path: Path,
 
     assert [r.returncode for r in results] == [0] * 3, [r.stderr for r in results]
     assert_one_complete_version_each(docker, cid, range(1, 4))
+
+
+@pytest.mark.parametrize("volume", [["--tmpfs", DEST], ["-v", DEST]], ids=["tmpfs", "volume"])
+def test_a_push_into_a_volume_is_staged_on_it_without_a_mountpoint_command(
+        tmp_path: Path, docker: Docker, volume: list[str]) -> None:
+    # The image's busybox has no `mountpoint`. Staged beside DEST, on the container's root, the
+    # final rename would cross into the volume and busybox mv would copy instead, exit 0:
+    # readers would see a half-copied skill. A live lock inside DEST holds the push once it has
+    # unpacked, to see where it staged.
+    tool = tool_skill(tmp_path / "src")
+    cid = docker.container(*volume)
+    lock = f"{DEST}/.kb-push-lock"
+    docker.sh(cid, f"mkdir {lock} && echo 1 > {lock}/pid")  # pid 1, the container's init: alive
+
+    with ThreadPoolExecutor(1) as pool:
+        push = pool.submit(push_concurrently, [[tool]], DEST, f"docker exec -i {cid}")
+        unpacked = f"ls -d {DEST}/.kb-push.*/new/.kb-push-complete 2>/dev/null | wc -l"
+        deadline = time.monotonic() + 60
+        while (docker.sh(cid, unpacked).strip() != "1" and not push.done()
+               and time.monotonic() < deadline):
+            time.sleep(0.2)
+        assert docker.sh(cid, unpacked).strip() == "1", "the push never staged inside DEST"
+        assert docker.sh(cid, LEFTOVERS) == ""  # nothing on the root file system, beside DEST
+        docker.sh(cid, f"rm -rf {lock}")
+        [result] = push.result(timeout=120)
+
+    assert result.returncode == 0, result.stderr
+    assert listing(docker, cid, f"{DEST}/tool") == expected_listing(tool)
+    assert docker.sh(cid, f"find {DEST} -name '*kb-push*'") == ""
