@@ -158,7 +158,11 @@ def rebuild(config: Config, uv: Uv,
             uv.install(interpreter(staged), list(config.requirements),
                        what="uv could not install the requirements")
         progress.step("checking the new venv")
-        runtime = _runtime_record(config, _validate(staged, config))
+        # uv cannot install into an interpreter without running it (it asks the interpreter
+        # for its paths and markers): after the requirements landed, the bare "does it run"
+        # child would only repeat that (15-60 ms, by load).
+        ran = config.lock is None and bool(config.requirements)
+        runtime = _runtime_record(config, _validate(staged, config, ran=ran))
         # The base marker lands with the venv: a session killed during the skill sync leaves
         # a marker that says "runtime done", so the next one never rebuilds it.
         write_marker(staged, base_marker(runtime))
@@ -205,13 +209,15 @@ def _refuse_foreign_directory(live: Path) -> None:
         raise ConfigError(f"{live} exists and is not a directory; point `venv` elsewhere")
 
 
-def _validate(staged: Path, config: Config) -> str:
-    """The staged venv's interpreter runs, the ready-check passes, scripts are relocatable."""
+def _validate(staged: Path, config: Config, *, ran: bool = False) -> str:
+    """The staged venv's interpreter runs (``ran``: uv has just run it), the ready-check
+    passes, scripts are relocatable."""
     python = interpreter(staged)
     # Bounded: we hold the lock, and a ready-check that never returns must not wedge every
     # later start behind us (the system we replace hung kernels for 17 minutes).
-    process.run(python, "-c", "import sys, site", timeout=CHECK_TIMEOUT,
-                what="the new venv's interpreter does not run")
+    if not ran:
+        process.run(python, "-c", "import sys, site", timeout=CHECK_TIMEOUT,
+                    what="the new venv's interpreter does not run")
     if config.ready_check:
         process.run(python, "-c", config.ready_check, timeout=CHECK_TIMEOUT,
                     what="the ready-check failed in the new venv; the old venv is unchanged")

@@ -1,6 +1,4 @@
-"""Logging; structlog is imported only when something is actually logged.
-
-The warm ``ensure`` logs nothing (unless ``-v``), so it never pays structlog's import (~40-100 ms).
+"""Logging: console lines or JSON lines for the CLI, the standard ``logging`` module for a library.
 
 Two destinations. Used as a library (``from bootstrap import ensure``), events go to the standard
 ``logging`` module under the logger ``kernel_bootstrap`` (structlog's stdlib integration) and
@@ -8,6 +6,11 @@ nothing is written to stderr by us: the host program decides where logs go. The 
 :func:`configure` and gets its own output: console lines on a TTY (colour unless ``NO_COLOR``),
 JSON lines when stderr is not a TTY or with ``--log-format json``: a kernel launcher or CI keeps
 our stderr in its own log, and one JSON object per line is what such logs can search.
+
+The CLI renders its lines itself (one dict, one ``json.dumps``): importing structlog costs
+40-130 ms (it pulls in asyncio), which was a quarter of our own time in a rebuild whose uv work
+takes well under a second. structlog is imported only for library use, and only when something
+is logged.
 """
 
 from __future__ import annotations
@@ -137,33 +140,45 @@ def _build_stdlib() -> Any:
 
 
 def _build() -> Any:
-    import structlog
-
     if not _cli:
         return _build_stdlib()
-    processors: list[Any] = [structlog.processors.add_log_level]
-    if is_json():
-        processors += [structlog.processors.TimeStamper(fmt="iso", utc=True),
-                       structlog.processors.JSONRenderer(default=str)]
-    else:
-        colour = use_colour(sys.stderr)
-        processors.append(lambda _logger, _name, event: render_console(event, colour))
-    return structlog.wrap_logger(
-        structlog.PrintLogger(file=_CurrentStderr()),  # type: ignore[arg-type]  # write+flush
-        processors=processors,
-        cache_logger_on_first_use=True,
-    )
+    return _CliLogger(is_json(), use_colour(sys.stderr))
 
 
-class _CurrentStderr:
-    """Whatever ``sys.stderr`` is when a line is written, not when the logger was built: a host
-    that swaps stderr (a test runner's capture, a notebook) and closes the old one must not
-    make the next warning fail with "I/O operation on closed file"."""
+class _CliLogger:
+    """The CLI's lines, in the shape structlog's JSONRenderer gave them: the fields, then
+    ``event``, ``level`` and an ISO UTC ``timestamp``.
 
-    def write(self, text: str) -> int:
-        return sys.stderr.write(text)
+    Written to whatever ``sys.stderr`` is when a line is written, not when the logger was
+    built: a host that swaps stderr (a test runner's capture, a notebook) and closes the old
+    one must not make the next warning fail with "I/O operation on closed file"."""
 
-    def flush(self) -> None:
+    def __init__(self, as_json: bool, colour: bool) -> None:
+        self.as_json, self.colour = as_json, colour
+
+    def debug(self, event: str, **kw: Any) -> None:
+        self.write({**kw, "event": event, "level": "debug"})
+
+    def info(self, event: str, **kw: Any) -> None:
+        self.write({**kw, "event": event, "level": "info"})
+
+    def warning(self, event: str, **kw: Any) -> None:
+        self.write({**kw, "event": event, "level": "warning"})
+
+    def error(self, event: str, **kw: Any) -> None:
+        self.write({**kw, "event": event, "level": "error"})
+
+    def write(self, fields: dict[str, Any]) -> None:
+        if self.as_json:
+            import datetime
+            import json
+
+            now = datetime.datetime.now(tz=datetime.UTC)
+            fields["timestamp"] = now.isoformat().replace("+00:00", "Z")
+            line = json.dumps(fields, default=str)
+        else:
+            line = render_console(fields, self.colour)
+        sys.stderr.write(line + "\n")
         sys.stderr.flush()
 
 

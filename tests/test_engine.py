@@ -365,3 +365,20 @@ def test_a_full_disk_while_preparing_the_skill_sync_names_the_file_and_leaves_no
     out = json.loads(world.ensure("--json").stdout)
     assert sorted(out["installed"]) == ["delta", "epsilon", "gamma"]
     assert [len(world.editables(c)) for c in world.installs()] == [3]
+
+
+def test_a_rebuild_from_the_cli_imports_neither_structlog_nor_packaging(world: World) -> None:
+    # Together ~0.1-0.2 s of a rebuild whose uv work takes well under a second (issue 13): the
+    # CLI renders its own log lines, and plain requirements need no PEP 508 parser.
+    import sys
+
+    world.write_config(requirements=["requests>=2", "six"])
+    result = subprocess.run([sys.executable, "-X", "importtime", *world.command("ensure")[1:]],
+                            capture_output=True, text=True, env=world.env, check=True)
+    imported = {line.rsplit("|", 1)[1].strip() for line in result.stderr.splitlines()
+                if line.startswith("import time:") and "|" in line}
+    events = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]
+    assert "building the runtime" in [e["event"] for e in events]
+    assert all({"event", "level", "timestamp"} <= set(e) for e in events)
+    assert world.imports("requests") and world.imports("alpha")
+    assert not {"structlog", "packaging", "packaging.requirements"} & imported
