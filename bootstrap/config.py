@@ -46,6 +46,16 @@ class Skill:
 
 
 @dataclass(frozen=True)
+class Bucket:
+    """A snapshot store in object storage: ``s3://BUCKET/PREFIX`` (gs:// and az:// alike)."""
+
+    url: str
+
+    def __str__(self) -> str:
+        return self.url
+
+
+@dataclass(frozen=True)
 class Config:
     """A validated config (see :func:`load_config`): absolute paths, env overrides applied."""
 
@@ -57,7 +67,7 @@ class Config:
     uv_args: tuple[str, ...] = ()
     skills: tuple[Skill, ...] = ()
     ready_check: str | None = None
-    snapshots: Path | None = None
+    snapshots: Path | Bucket | None = None
     # The lock file `kernel-bootstrap lock` writes: ensure installs exactly its pins.
     lock: Path | None = None
     # KERNEL_BOOTSTRAP_PYTHON: use this interpreter as it is; no venv is managed.
@@ -179,7 +189,9 @@ def config_from_dict(data: dict[str, Any], file: Path) -> Config:
     if constraints is not None and not _exists(constraints, file, "constraints", "file"):
         raise ConfigError(f"{source_name(file)}: key 'constraints': file not found: {constraints}")
     snapshots_env = os.environ.get("KERNEL_BOOTSTRAP_SNAPSHOTS")
-    snapshots = _resolve(base, snapshots_env) if snapshots_env else reader.path("snapshots", base)
+    snapshots = _snapshots(snapshots_env or reader.string("snapshots"), base,
+                           "KERNEL_BOOTSTRAP_SNAPSHOTS" if snapshots_env
+                           else f"{source_name(file)}: key 'snapshots'")
     override = os.environ.get("KERNEL_BOOTSTRAP_PYTHON")
     skills, watch = discover_skills(reader.strings("skills"), base, file)
     return Config(
@@ -243,6 +255,20 @@ class _Reader:
     def path(self, key: str, base: Path) -> Path | None:
         value = self.string(key)
         return _resolve(base, value) if value is not None else None
+
+
+_BUCKET_SCHEMES: Final = ("s3://", "gs://", "az://")
+
+
+def _snapshots(value: str | None, base: Path, where: str) -> Path | Bucket | None:
+    """A directory, or a bucket URL with a bucket name (the prefix may be empty)."""
+    if value is None or "://" not in value:
+        return _resolve(base, value) if value is not None else None
+    bucket = value.split("://", 1)[1].split("/", 1)[0]
+    if not value.startswith(_BUCKET_SCHEMES) or not bucket:
+        raise ConfigError(f"{where}: {_short(value)} is neither a directory nor a bucket URL "
+                          "(s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, az://...)")
+    return Bucket(value.rstrip("/"))
 
 
 def _resolve(base: Path, value: str) -> Path:

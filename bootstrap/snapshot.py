@@ -22,18 +22,21 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Final
+from typing import IO, TYPE_CHECKING, Final
 
 from bootstrap import log, process
 from bootstrap.archive import MANIFEST as MANIFEST  # re-exported: part of the format
 from bootstrap.archive import TOP, extract, open_snapshot
 from bootstrap.archive import BadSnapshot as BadSnapshot  # what callers catch
-from bootstrap.config import Config
+from bootstrap.config import Bucket, Config
 from bootstrap.errors import BootstrapError
 from bootstrap.fs import fsync_dir, owner_pid, pid_alive, remove_quietly, temp_name
 from bootstrap.identity import runtime_inputs
 from bootstrap.marker import RuntimeRecord, read_marker, write_marker
 from bootstrap.uv import Uv
+
+if TYPE_CHECKING:
+    from bootstrap.bucket import BucketStore
 
 SUFFIX: Final = ".tar"
 _PLATFORM_SCRIPT: Final = (
@@ -256,18 +259,18 @@ def local_platform(python_version: str) -> Platform:
 class Plan:
     """The snapshot side of one rebuild: which key, whether the store has it, and saving."""
 
-    def __init__(self, store: Store, key: str, platform: Platform) -> None:
+    def __init__(self, store: Store | BucketStore, key: str, platform: Platform) -> None:
         self.store = store
         self.key = key
         self.platform = platform
 
     @property
-    def archive(self) -> Path:
+    def archive(self) -> Path | str:
         return self.store.path_for(self.key)
 
     @property
     def available(self) -> bool:
-        return self.store.has(self.key)
+        return self.store.has(self.key) is True  # a bucket answers None when unreachable
 
     def extract(self, staging: Path) -> Path:
         return self.store.restore(self.key, staging, self.platform)
@@ -289,11 +292,28 @@ class Plan:
 
 def plan(config: Config, uv: Uv) -> Plan | None:
     """The snapshot plan for a rebuild of ``config``; None without a store (or a platform)."""
-    if config.snapshots is None:
+    store = open_store(config.snapshots) if config.snapshots is not None else None
+    if store is None:
         return None
     try:
         found = platform_of(uv, config.python)
     except BootstrapError as e:
         log.warning("snapshots skipped: could not identify the interpreter", error=str(e))
         return None
-    return Plan(Store(config.snapshots), snapshot_key(config, found), found)
+    return Plan(store, snapshot_key(config, found), found)
+
+
+def open_store(location: Path | Bucket) -> Store | BucketStore | None:
+    """The store at ``location``; None (with a warning naming the extra) for a bucket when the
+    ``cloud`` extra is not installed: the build goes on without snapshots."""
+    if isinstance(location, Path):
+        return Store(location)
+    from bootstrap import cloud
+    from bootstrap.bucket import BucketStore
+
+    try:
+        cloud.require()
+    except cloud.Unavailable as e:
+        log.warning(f"{e}; building without snapshots", store=str(location))
+        return None
+    return BucketStore(location.url)

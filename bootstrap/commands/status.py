@@ -39,7 +39,7 @@ def snapshot_info(config: Config) -> dict[str, Any]:
     if config.snapshots is None:
         return {"store": None, "key": None, "exists": None}
     from bootstrap.config import default_python
-    from bootstrap.snapshot import Store, local_platform, snapshot_key
+    from bootstrap.snapshot import local_platform, open_store, snapshot_key
 
     version = python_version(config.venv)
     if version is None and config.python == default_python():
@@ -47,7 +47,9 @@ def snapshot_info(config: Config) -> dict[str, Any]:
     if version is None:
         return {"store": str(config.snapshots), "key": None, "exists": None}
     key = snapshot_key(config, local_platform(version))
-    return {"store": str(config.snapshots), "key": key, "exists": Store(config.snapshots).has(key)}
+    store = open_store(config.snapshots)  # a bucket: one bounded HEAD; None without the extra
+    exists = store.has(key) if store is not None else None
+    return {"store": str(config.snapshots), "key": key, "exists": exists}
 
 
 def lockfile_info(config: Config) -> dict[str, str]:
