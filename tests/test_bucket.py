@@ -15,57 +15,42 @@ import pytest
 
 from bootstrap.config import Bucket, config_from_dict
 from bootstrap.errors import ConfigError
+from tests import s3server
+from tests.s3server import free_port
 from tests.world import World
 
-server = pytest.importorskip("moto.server", reason="moto[server] is not installed (test extra)")
+pytest.importorskip("moto.server", reason="moto[server] is not installed (test extra)")
 pytest.importorskip("obstore", reason="obstore is not installed (cloud extra)")
 zstandard = pytest.importorskip("zstandard", reason="zstandard is not installed (cloud extra)")
-boto3 = pytest.importorskip("boto3", reason="boto3 comes with moto")
 
-SECRET = "test-secret-value-never-logged"
+SECRET = "testing-secret"  # the server accepts any; what matters is that none is logged
 BOUND = 2  # KERNEL_BOOTSTRAP_SNAPSHOT_TIMEOUT for every test, seconds
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @pytest.fixture(scope="module")
 def endpoint() -> Iterator[str]:
-    moto = server.ThreadedMotoServer(ip_address="127.0.0.1", port=free_port(), verbose=False)
-    moto.start()
-    try:
-        host, port = moto.get_host_and_port()
-        yield f"http://{host}:{port}"
-    finally:
-        moto.stop()
+    with s3server.running() as url:
+        yield url
 
 
 @pytest.fixture
-def s3(endpoint: str) -> Any:
-    return boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
-                        aws_access_key_id="testing", aws_secret_access_key=SECRET)
+def bucket(tmp_path: Path) -> str:
+    return f"fleet-{tmp_path.name.lower().replace('_', '-')[-40:]}".rstrip("-")
 
 
 @pytest.fixture
-def world(tmp_path: Path, endpoint: str, s3: Any) -> World:
-    bucket = f"fleet-{tmp_path.name.lower().replace('_', '-')[-40:]}".rstrip("-")
-    s3.create_bucket(Bucket=bucket)
+def s3(endpoint: str, bucket: str) -> Any:
+    return s3server.make_bucket(endpoint, bucket)
+
+
+@pytest.fixture
+def world(tmp_path: Path, endpoint: str, bucket: str, s3: Any) -> World:
     w = World(tmp_path)
     w.write_config(requirements=["requests>=2"], snapshots=f"s3://{bucket}/snaps")
     w.skill("alpha")
     w.skill("beta")
-    w.env.update({
-        "AWS_ENDPOINT_URL": endpoint, "AWS_ALLOW_HTTP": "true", "AWS_REGION": "us-east-1",
-        "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": SECRET,
-        # Without credentials obstore asks the instance metadata service: keep that on
-        # loopback, where nobody listens.
-        "AWS_METADATA_ENDPOINT": f"http://127.0.0.1:{free_port()}",
-        "KERNEL_BOOTSTRAP_SNAPSHOT_TIMEOUT": str(BOUND),
-    })
+    w.env.update(s3server.client_env(endpoint, SECRET))
+    w.env["KERNEL_BOOTSTRAP_SNAPSHOT_TIMEOUT"] = str(BOUND)
     w.bucket = bucket  # type: ignore[attr-defined]
     return w
 
