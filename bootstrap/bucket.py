@@ -92,7 +92,8 @@ class BucketStore:
         except FileNotFoundError:
             return False
         except Exception as e:  # obstore raises its own types for every transport failure
-            self._failed("the snapshot bucket did not answer; building without it", e)
+            self._failed("the snapshot bucket did not answer or refused the request; going on "
+                         "without it", e)
             return None
         return True
 
@@ -136,7 +137,8 @@ class BucketStore:
 
         url = self.path_for(key)
         if self.unreachable:
-            log.warning("snapshot not uploaded: the bucket did not answer earlier", snapshot=url)
+            log.warning("snapshot not uploaded: the bucket did not answer earlier in this run",
+                        snapshot=url)
             return None
         with tempfile.TemporaryDirectory(prefix="kernel-bootstrap-upload-") as tmp:
             plain = Store(Path(tmp)).write(venv, key, platform)
