@@ -5,13 +5,18 @@ one object ``PREFIX/<key>.tar`` per snapshot, zstd-compressed (the bucket is pai
 moved: 0.18 of the plain size for the example runtime; see BENCHMARKS.md), its format told
 by its magic bytes (:mod:`bootstrap.compression`), so a plain archive restores too.
 
-Writing: the archive is made and compressed in a temp directory, then uploaded in one PUT (or
-a multipart upload, which S3 makes visible only on completion): a reader sees the whole
-object or none. The object carries its size and sha256 in its own metadata, so concurrent
-writers of one key are harmless (each object is consistent with its own digest; the last
-one wins). Reading: the body is streamed through the vetting reader into ``tar -x`` (no copy
-of the archive on disk, memory bounded by a few chunks) and its size and digest are checked
-before the caller swaps anything in. Every failure is a warning and a normal build.
+Writing: the archive is written straight into the compressor (the same writer the directory
+store uses), and the compressed bytes into an unnamed temp file: S3 takes an object's metadata,
+its size and sha256 here, before the first byte of its body, so the body must be complete
+before the upload starts. It is then uploaded in one PUT (or a multipart upload, which S3
+makes visible only on completion): a reader sees the whole object or none. Each object carries
+its own size and digest, so concurrent writers of one key are harmless (each object is
+consistent with its own digest; the last one wins).
+
+Reading: the body is streamed through the same vetting reader as a local restore into
+``tar -x`` (no copy of the archive on disk, memory bounded by a few chunks) and its size and
+digest are checked before the caller swaps anything in. Every failure is a warning and a
+normal build.
 """
 
 from __future__ import annotations
@@ -23,10 +28,10 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Final, cast
+from typing import IO, TYPE_CHECKING, Final
 
 from bootstrap import cloud, compression, log
-from bootstrap.archive import TOP, BadSnapshot, Reader, extract
+from bootstrap.archive import TOP, BadSnapshot, extract, open_for, write_snapshot
 
 if TYPE_CHECKING:
     from obstore import ObjectMeta
@@ -58,6 +63,7 @@ class BucketStore:
     this process skips it (one bounded wait per run, not one per request)."""
 
     def __init__(self, url: str, bound: float | None = None) -> None:
+        cloud.require()  # raises Unavailable, naming the extra
         self.url = url.rstrip("/")
         self.root = self.url  # what `snapshot list` and status print as the store
         self.bound = cloud.timeout() if bound is None else bound
@@ -111,16 +117,12 @@ class BucketStore:
             result = obstore.get(self.store, key + SUFFIX)
             size, sha = _recorded(result.attributes, result.meta["size"], url)
             raw = _Body(result.stream(min_chunk_size=_STREAM_CHUNK), url)
-            # The Reader calls only read(); its label is swapped for the URL below.
-            reader = Reader(cast("IO[bytes]", compression.decoded(raw)), Path(key + SUFFIX))
-            manifest = reader.manifest()
-            if manifest.get("key") != key or manifest.get("platform") != platform.as_dict():
-                raise BadSnapshot(f"{url}: built for another key or platform")
+            reader = open_for(compression.decoded(raw), url, key, platform.as_dict())
             into.mkdir(parents=True)
             extract(reader, into)
             raw.drain()
-        except BadSnapshot as e:
-            raise _renamed(e, key + SUFFIX, url) from None
+        except BadSnapshot:
+            raise
         except OSError as e:
             raise BadSnapshot(f"{url}: unreadable: {cloud.describe(e)}") from None
         except Exception as e:  # obstore's own error types: not found, refused, timed out
@@ -133,32 +135,28 @@ class BucketStore:
     # -- writing -----------------------------------------------------------------------------
     def write(self, venv: Path, key: str, platform: Platform) -> str | None:
         """Archive, compress and upload ``venv``; any failure is a warning, never an error."""
-        from bootstrap.snapshot import Store
-
         url = self.path_for(key)
         if self.unreachable:
             log.warning("snapshot not uploaded: the bucket did not answer earlier in this run",
                         snapshot=url)
             return None
-        with tempfile.TemporaryDirectory(prefix="kernel-bootstrap-upload-") as tmp:
-            plain = Store(Path(tmp)).write(venv, key, platform)
-            if plain is None:
-                return None  # Store.write warned (a full temp directory)
-            try:
-                body, written = _encoded(plain)
-                self._upload(key, body, written, platform)
-            except Exception as e:  # obstore's types, OSError, zstd: all only cost the upload
-                self._failed("could not upload the snapshot; continuing without it", e,
-                             snapshot=url)
-                return None
-        log.info("snapshot uploaded", snapshot=url, bytes=written.size)
+        try:
+            # Unnamed: it never outlives this process, however the process ends.
+            with tempfile.TemporaryFile() as body:
+                size, sha = _spool(body, venv, key, platform)
+                self._upload(key, body, size, sha, platform)
+        except Exception as e:  # obstore's types, OSError, zstd: all only cost the upload
+            self._failed("could not upload the snapshot; continuing without it", e,
+                         snapshot=url)
+            return None
+        log.info("snapshot uploaded", snapshot=url, bytes=size)
         return url
 
-    def _upload(self, key: str, body: Path, written: compression.Written,
+    def _upload(self, key: str, body: IO[bytes], size: int, sha: str,
                 platform: Platform) -> None:
         import obstore
 
-        attributes = {_META_SIZE: str(written.size), _META_SHA: written.sha256,
+        attributes = {_META_SIZE: str(size), _META_SHA: sha,
                       _META_CREATED: f"{time.time():.3f}",
                       _META_PLATFORM: json.dumps(platform.as_dict(), sort_keys=True)}
         # Overwrite, not create-if-absent: a conditional PUT cannot be multipart (obstore
@@ -217,12 +215,18 @@ class BucketStore:
         return removed
 
 
-def _encoded(plain: Path) -> tuple[Path, compression.Written]:
-    """The body to upload: zstd where zstandard is installed, else the plain archive."""
-    if not compression.available():
-        return plain, compression.digest_file(plain)
-    body = plain.with_name(plain.name + ".zst")
-    return body, compression.compress_file(plain, body)
+def _spool(body: IO[bytes], venv: Path, key: str, platform: Platform) -> tuple[int, str]:
+    """Write the snapshot into ``body``, compressed; return its size and sha256, ``body``
+    rewound for the upload."""
+    with compression.compressed(body) as out:
+        write_snapshot(out, venv, key, platform.as_dict())
+    size = body.tell()
+    body.seek(0)
+    digest = hashlib.sha256()
+    while chunk := body.read(_STREAM_CHUNK):
+        digest.update(chunk)
+    body.seek(0)
+    return size, digest.hexdigest()
 
 
 def _recorded(attributes: dict[str, str], size: int, url: str) -> tuple[int, str]:
@@ -235,12 +239,6 @@ def _recorded(attributes: dict[str, str], size: int, url: str) -> tuple[int, str
     if recorded != size:
         raise BadSnapshot(f"{url}: truncated or replaced: {size} bytes, written as {recorded}")
     return recorded, sha
-
-
-def _renamed(error: BadSnapshot, label: str, url: str) -> BadSnapshot:
-    """The Reader names the archive by the label it was given; a person needs the URL."""
-    text = str(error)
-    return BadSnapshot(url + text.removeprefix(label) if text.startswith(label + ":") else text)
 
 
 class _Body:

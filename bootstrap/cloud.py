@@ -15,13 +15,12 @@ answer costs a warning, never a hang. Error text never carries a secret (:func:`
 
 from __future__ import annotations
 
-import configparser
 import os
-from datetime import timedelta
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, cast
 
-from bootstrap.errors import ConfigError
+from bootstrap.errors import BootstrapError, ConfigError
 
 if TYPE_CHECKING:
     from obstore.store import ClientConfig, ObjectStore, RetryConfig, S3Config
@@ -38,7 +37,28 @@ _FILE_KEYS: Final = {"aws_access_key_id": "access_key_id",
                      "aws_session_token": "session_token"}
 
 
-class Unavailable(Exception):
+@dataclass(frozen=True)
+class Bucket:
+    """A snapshot store in object storage: ``s3://BUCKET/PREFIX`` (gs:// and az:// alike)."""
+
+    url: str
+
+    def __str__(self) -> str:
+        return self.url
+
+
+def bucket_url(value: str) -> Bucket | None:
+    """The bucket ``value`` names, None if it is no URL (a directory); ValueError for a URL
+    with another scheme or no bucket name (the prefix may be empty)."""
+    if "://" not in value:
+        return None
+    scheme, _, rest = value.partition("://")
+    if scheme not in SCHEMES or not rest.split("/", 1)[0]:
+        raise ValueError(value)
+    return Bucket(value.rstrip("/"))
+
+
+class Unavailable(BootstrapError):
     """The ``cloud`` extra is not installed."""
 
 
@@ -71,6 +91,8 @@ def connect(url: str, bound: float) -> ObjectStore:
     defaults (10 retries, up to 3 minutes) would let an unreachable store hold a cold start
     for minutes.
     """
+    from datetime import timedelta
+
     require()
     from obstore.store import from_url
 
@@ -106,6 +128,8 @@ def _aws_files() -> dict[str, str]:
 
 
 def _ini(explicit: str | None, name: str, section: str) -> dict[str, str]:
+    import configparser
+
     path = Path(explicit) if explicit else Path.home() / ".aws" / name
     parser = configparser.RawConfigParser()
     try:

@@ -9,34 +9,23 @@ imported only when an archive is compressed or a compressed one is read.
 
 from __future__ import annotations
 
-import hashlib
-import shutil
-from dataclasses import dataclass
-from pathlib import Path
-from typing import IO, Final, Protocol, cast
+import contextlib
+from collections.abc import Iterator
+from typing import IO, Final, cast
+
+from bootstrap.tar import Readable
 
 ZSTD_MAGIC: Final = b"\x28\xb5\x2f\xfd"
 # Level 3 (zstd's default): 0.18 of the plain size for the example runtime, in a quarter of
 # the time level 6 takes for 0.16; decompression costs about the same at every level.
 LEVEL: Final = 3
-_CHUNK: Final = 1 << 20
 # A frame asking for a larger window than zstd's own default limit (128 MiB) is refused
 # rather than allocated: a store shared by a fleet is untrusted input.
 _MAX_WINDOW: Final = 1 << 27
 
 
-class Readable(Protocol):
-    def read(self, size: int = -1, /) -> bytes: ...
-
-
 class CorruptStream(OSError):
     """The compressed stream cannot be decoded (corrupt, truncated, or zstd unavailable)."""
-
-
-@dataclass(frozen=True)
-class Written:
-    size: int
-    sha256: str
 
 
 def available() -> bool:
@@ -47,29 +36,17 @@ def available() -> bool:
     return True
 
 
-def compress_file(src: Path, dst: Path) -> Written:
-    """Write ``src`` zstd-compressed to ``dst``; the size and digest are of ``dst``'s bytes."""
+@contextlib.contextmanager
+def compressed(out: IO[bytes]) -> Iterator[IO[bytes]]:
+    """A file whose bytes reach ``out`` as one zstd frame, ended when the block ends; ``out``
+    itself where zstandard is not installed (a plain archive restores just as well)."""
+    if not available():
+        yield out
+        return
     import zstandard
 
-    with src.open("rb") as fin, dst.open("wb") as fout:
-        out = _Hashing(fout)
-        # _Hashing has the write() and flush() the writer calls.
-        writer = zstandard.ZstdCompressor(level=LEVEL).stream_writer(
-            cast("IO[bytes]", out), closefd=False)
-        with writer as z:
-            shutil.copyfileobj(fin, z, _CHUNK)
-    return Written(out.size, out.digest.hexdigest())
-
-
-def digest_file(path: Path) -> Written:
-    """Size and digest of a file stored as it is (no compression)."""
-    digest = hashlib.sha256()
-    size = 0
-    with path.open("rb") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-            size += len(chunk)
-    return Written(size, digest.hexdigest())
+    with zstandard.ZstdCompressor(level=LEVEL).stream_writer(out, closefd=False) as z:
+        yield z
 
 
 def decoded(raw: Readable) -> Readable:
@@ -133,20 +110,3 @@ class _Decoding:
             return _read_full(self.reader, size) if size > 0 else self.reader.read()
         except zstandard.ZstdError as e:
             raise CorruptStream(f"corrupt zstd stream: {e}") from None
-
-
-class _Hashing:
-    """A write-only file that digests and counts what passes through it to ``out``."""
-
-    def __init__(self, out: IO[bytes]) -> None:
-        self.out = out
-        self.digest = hashlib.sha256()
-        self.size = 0
-
-    def write(self, data: bytes) -> int:
-        self.digest.update(data)
-        self.size += len(data)
-        return self.out.write(data)
-
-    def flush(self) -> None:
-        self.out.flush()

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from bootstrap.cloud import Bucket, bucket_url
 from bootstrap.errors import ConfigError, SkillError
 from bootstrap.skillmd import check_skill_dir
 
@@ -43,16 +44,6 @@ class Skill:
     @property
     def is_python(self) -> bool:
         return self.pyproject.is_file()
-
-
-@dataclass(frozen=True)
-class Bucket:
-    """A snapshot store in object storage: ``s3://BUCKET/PREFIX`` (gs:// and az:// alike)."""
-
-    url: str
-
-    def __str__(self) -> str:
-        return self.url
 
 
 @dataclass(frozen=True)
@@ -257,18 +248,14 @@ class _Reader:
         return _resolve(base, value) if value is not None else None
 
 
-_BUCKET_SCHEMES: Final = ("s3://", "gs://", "az://")
-
-
 def _snapshots(value: str | None, base: Path, where: str) -> Path | Bucket | None:
-    """A directory, or a bucket URL with a bucket name (the prefix may be empty)."""
-    if value is None or "://" not in value:
-        return _resolve(base, value) if value is not None else None
-    bucket = value.split("://", 1)[1].split("/", 1)[0]
-    if not value.startswith(_BUCKET_SCHEMES) or not bucket:
+    """A directory, or a bucket URL (``s3://BUCKET/PREFIX``)."""
+    try:
+        bucket = bucket_url(value) if value is not None else None
+    except ValueError:
         raise ConfigError(f"{where}: {_short(value)} is neither a directory nor a bucket URL "
-                          "(s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, az://...)")
-    return Bucket(value.rstrip("/"))
+                          "(s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, az://...)") from None
+    return bucket if bucket is not None or value is None else _resolve(base, value)
 
 
 def _resolve(base: Path, value: str) -> Path:

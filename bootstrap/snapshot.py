@@ -26,9 +26,10 @@ from typing import IO, TYPE_CHECKING, Final
 
 from bootstrap import log, process
 from bootstrap.archive import MANIFEST as MANIFEST  # re-exported: part of the format
-from bootstrap.archive import TOP, extract, open_snapshot
+from bootstrap.archive import TOP, extract, open_for, open_snapshot, write_snapshot
 from bootstrap.archive import BadSnapshot as BadSnapshot  # what callers catch
-from bootstrap.config import Bucket, Config
+from bootstrap.cloud import Bucket, Unavailable
+from bootstrap.config import Config
 from bootstrap.errors import BootstrapError
 from bootstrap.fs import fsync_dir, owner_pid, pid_alive, remove_quietly, temp_name
 from bootstrap.identity import runtime_inputs
@@ -122,17 +123,14 @@ class Store:
     # -- writing -----------------------------------------------------------------------------
     def write(self, venv: Path, key: str, platform: Platform) -> Path | None:
         """Archive ``venv``; a store we cannot write is a warning, never a failure."""
-        from bootstrap.tar import write_archive  # tarfile (~5 ms): a restore never needs it
-
         target = self.path_for(key)
         tmp = temp_name(target)
         try:
             self.root.mkdir(parents=True, exist_ok=True)
-            manifest = {"key": key, "platform": platform.as_dict(), "created": time.time(),
-                        "source": str(venv), "format": 1}
-            write_archive(tmp, (MANIFEST, json.dumps(manifest).encode()), venv, TOP,
-                          skip=_is_lock)
-            _fsync(tmp)
+            with open(tmp, "xb") as out:
+                write_snapshot(out, venv, key, platform.as_dict())
+                out.flush()
+                os.fsync(out.fileno())
             # Readers never see a partial archive: it appears under its key only when whole.
             os.replace(tmp, target)
             fsync_dir(self.root)
@@ -157,9 +155,7 @@ class Store:
         archive = self.path_for(key)
         try:
             with _open_archive(archive) as f:
-                manifest, reader = open_snapshot(f, archive)
-                if manifest.get("key") != key or manifest.get("platform") != platform.as_dict():
-                    raise BadSnapshot(f"{archive}: built for another key or platform")
+                reader = open_for(f, archive, key, platform.as_dict())
                 into.mkdir(parents=True)
                 extract(reader, into)
         except OSError as e:
@@ -198,11 +194,6 @@ class Store:
         return removed
 
 
-def _is_lock(name: str) -> bool:
-    # uv's own venv lock is per machine state, not part of the environment.
-    return name == f"{TOP}/.lock"
-
-
 def _open_archive(path: Path) -> IO[bytes]:
     """``path`` opened for reading if it is a regular file: the store may be shared, and a
     FIFO or device planted under a key must be a bad snapshot, not a hang or an endless read."""
@@ -214,14 +205,6 @@ def _open_archive(path: Path) -> IO[bytes]:
     except BaseException:
         os.close(fd)
         raise
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _describe(path: Path) -> Snapshot:
@@ -292,8 +275,12 @@ class Plan:
 
 def plan(config: Config, uv: Uv) -> Plan | None:
     """The snapshot plan for a rebuild of ``config``; None without a store (or a platform)."""
-    store = open_store(config.snapshots) if config.snapshots is not None else None
-    if store is None:
+    if config.snapshots is None:
+        return None
+    try:
+        store = open_store(config.snapshots)
+    except Unavailable as e:
+        log.warning(f"{e}; building without snapshots", store=str(config.snapshots))
         return None
     try:
         found = platform_of(uv, config.python)
@@ -303,17 +290,11 @@ def plan(config: Config, uv: Uv) -> Plan | None:
     return Plan(store, snapshot_key(config, found), found)
 
 
-def open_store(location: Path | Bucket) -> Store | BucketStore | None:
-    """The store at ``location``; None (with a warning naming the extra) for a bucket when the
-    ``cloud`` extra is not installed: the build goes on without snapshots."""
+def open_store(location: Path | Bucket) -> Store | BucketStore:
+    """The store at ``location``: a directory, or a bucket (:class:`bootstrap.cloud.Unavailable`
+    when the ``cloud`` extra is not installed)."""
     if isinstance(location, Path):
         return Store(location)
-    from bootstrap import cloud
     from bootstrap.bucket import BucketStore
 
-    try:
-        cloud.require()
-    except cloud.Unavailable as e:
-        log.warning(f"{e}; building without snapshots", store=str(location))
-        return None
     return BucketStore(location.url)

@@ -22,8 +22,6 @@ import hashlib
 import json
 import os
 import resource
-import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -34,6 +32,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_snapshot import _DROPPED, BIN, RUNTIME, SKILLS, ensure, make_skills
+
+from bootstrap.fs import remove_quietly
+from testing import s3server
 
 BUCKET = "fleet"
 
@@ -81,11 +82,10 @@ def timed(step: Callable[[], object]) -> tuple[float, float]:
 def extract_local(archive: Path, into: Path) -> None:
     """Our restore's extraction alone: the vetting reader (decoding zstd) into tar -x."""
     from bootstrap import compression
-    from bootstrap.archive import Reader, extract
+    from bootstrap.archive import extract, open_snapshot
 
     with archive.open("rb", buffering=0) as f:
-        reader = Reader(compression.decoded(f), archive)  # type: ignore[arg-type]
-        reader.manifest()
+        _, reader = open_snapshot(compression.decoded(f), archive)
         into.mkdir()
         extract(reader, into)
 
@@ -112,30 +112,18 @@ def download_and_untar(env: dict[str, str], name: str, into: Path) -> None:
     subprocess.run(["tar", "-x", *zstd, "-f", str(file), "-C", str(into)], check=True)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--fleet", type=int, default=8)
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args()
-    from moto.server import ThreadedMotoServer
-
     root = Path(tempfile.mkdtemp(prefix="kb-bench-bucket-"))
-    moto = ThreadedMotoServer(ip_address="127.0.0.1", port=free_port(), verbose=False)
-    moto.start()
     try:
-        host, port = moto.get_host_and_port()
-        return run(root, f"http://{host}:{port}", args.rounds, args.fleet, args.markdown)
+        with s3server.running() as endpoint:
+            return run(root, endpoint, args.rounds, args.fleet, args.markdown)
     finally:
-        moto.stop()
-        shutil.rmtree(root, ignore_errors=True)
+        remove_quietly(root)
 
 
 def setup(root: Path, endpoint: str) -> tuple[dict[str, str], dict[str, Path]]:
@@ -143,9 +131,7 @@ def setup(root: Path, endpoint: str) -> tuple[dict[str, str], dict[str, Path]]:
     env["PYTHONPYCACHEPREFIX"] = str(root / "pycache")
     for var, sub in (("HOME", "home"), ("XDG_CACHE_HOME", "cache"), ("XDG_DATA_HOME", "data")):
         env[var] = str(root / sub)
-    env.update(KERNEL_BOOTSTRAP_UV=str(BIN / "uv"), AWS_ENDPOINT_URL=endpoint,
-               AWS_ALLOW_HTTP="true", AWS_REGION="us-east-1", AWS_ACCESS_KEY_ID="bench",
-               AWS_SECRET_ACCESS_KEY="bench", AWS_METADATA_ENDPOINT=f"http://127.0.0.1:{free_port()}")
+    env.update(KERNEL_BOOTSTRAP_UV=str(BIN / "uv"), **s3server.client_env(endpoint))
     make_skills(root / "skills")
     base = "".join(f"{k} = {json.dumps(v)}\n"
                    for k, v in {"requirements": RUNTIME, "skills": ["skills/*"]}.items())
@@ -160,11 +146,7 @@ def setup(root: Path, endpoint: str) -> tuple[dict[str, str], dict[str, Path]]:
 
 def bake(root: Path, env: dict[str, str], configs: dict[str, Path]) -> tuple[str, Path, Path]:
     """Fill the bucket (zstd, and the same archive plain) and the local store; not timed."""
-    import boto3
-
-    s3 = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name="us-east-1",
-                      aws_access_key_id="bench", aws_secret_access_key="bench")
-    s3.create_bucket(Bucket=BUCKET)
+    s3 = s3server.make_bucket(env["AWS_ENDPOINT_URL"], BUCKET)
     ensure(configs["bucket"], root / "bake", root / "bake-cache", env)
     ensure(configs["local"], root / "bake-local", root / "bake-cache", env)
     [local] = list((root / "store").glob("*.tar"))

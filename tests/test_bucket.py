@@ -13,11 +13,12 @@ from typing import Any
 
 import pytest
 
-from bootstrap.config import Bucket, config_from_dict
+from bootstrap.cloud import Bucket
+from bootstrap.config import config_from_dict
 from bootstrap.errors import ConfigError
-from tests import s3server
-from tests.s3server import free_port
-from tests.world import World
+from testing import s3server
+from testing.s3server import free_port
+from testing.world import World
 
 pytest.importorskip("moto.server", reason="moto[server] is not installed (test extra)")
 pytest.importorskip("obstore", reason="obstore is not installed (cloud extra)")
@@ -274,3 +275,51 @@ def test_the_snapshots_key_takes_a_directory_or_a_bucket_url(
 def test_a_url_that_is_no_bucket_is_a_config_error(tmp_path: Path, value: str) -> None:
     with pytest.raises(ConfigError, match="bucket URL"):
         config_from_dict({"snapshots": value}, tmp_path / "kb.toml")
+
+
+def test_an_upload_names_the_object_and_leaves_no_temp_file(world: World, tmp_path: Path) -> None:
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    result = world.ensure("-v", env={"TMPDIR": str(scratch)})
+    assert f"s3://{world.bucket}/snaps/" in result.stderr  # type: ignore[attr-defined]
+    assert "snapshot uploaded" in result.stderr
+    # The archive streams into the compressor: no plain archive is written anywhere first.
+    assert "snapshot written" not in result.stderr and str(scratch) not in result.stderr
+    assert list(scratch.iterdir()) == []
+
+
+def unsafe_archive(key: str, platform: dict[str, str]) -> bytes:
+    """A snapshot whose manifest matches but whose venv holds a link out of it."""
+    import io
+    import tarfile
+
+    out = io.BytesIO()
+    manifest = json.dumps({"key": key, "platform": platform, "format": 1}).encode()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        info = tarfile.TarInfo("kernel-bootstrap-snapshot.json")
+        info.size = len(manifest)
+        tar.addfile(info, io.BytesIO(manifest))
+        link = tarfile.TarInfo("venv/escape")
+        link.type, link.linkname = tarfile.SYMTYPE, "../../outside"
+        tar.addfile(link)
+    return out.getvalue()
+
+
+def test_an_object_with_an_unsafe_member_is_refused_by_the_vetting_reader(
+        world: World, s3: Any) -> None:
+    import hashlib
+
+    world.ensure()
+    [name] = objects(world, s3)
+    key = name.rsplit("/", 1)[1].removesuffix(".tar")
+    platform = json.loads(s3.head_object(Bucket=world.bucket,  # type: ignore[attr-defined]
+                                         Key=name)["Metadata"]["kb-platform"])
+    body = zstandard.ZstdCompressor().compress(unsafe_archive(key, platform))
+    put_back(world, s3, name, body, {"kb-size": str(len(body)),
+                                     "kb-sha256": hashlib.sha256(body).hexdigest()})
+    world.clear_log()
+    result = world.ensure(env=elsewhere(world))
+    url = f"s3://{world.bucket}/{name}"  # type: ignore[attr-defined]
+    assert f"{url}: unsafe member 'venv/escape'" in result.stderr, result.stderr
+    assert len(world.venv_calls()) == 1 and imports(world, "other", "alpha")
+    assert not (world.root / "outside").exists()

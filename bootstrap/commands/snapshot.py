@@ -7,29 +7,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bootstrap.config import Config, load_config
-from bootstrap.errors import EXIT_OK, BootstrapError, ConfigError
-from bootstrap.snapshot import Store
+from bootstrap.errors import EXIT_OK, ConfigError
+from bootstrap.snapshot import Store, open_store
 
 if TYPE_CHECKING:
     from bootstrap.bucket import BucketStore
 
 
 def _store(config: Config) -> Store | BucketStore:
+    """The configured store; a bucket without the ``cloud`` extra is an error naming it."""
     if config.snapshots is None:
         raise ConfigError(
             f"{config.path}: no snapshot store: set `snapshots = \"PATH\"` in the config or "
             "KERNEL_BOOTSTRAP_SNAPSHOTS"
         )
-    if isinstance(config.snapshots, Path):
-        return Store(config.snapshots)
-    from bootstrap import cloud
-    from bootstrap.bucket import BucketStore
-
-    try:
-        cloud.require()
-    except cloud.Unavailable as e:
-        raise BootstrapError(str(e)) from None
-    return BucketStore(config.snapshots.url)
+    return open_store(config.snapshots)
 
 
 def list_(config_path: Path | None, *, as_json: bool) -> int:

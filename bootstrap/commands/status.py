@@ -38,6 +38,7 @@ def snapshot_info(config: Config) -> dict[str, Any]:
     """Whether the store holds a snapshot for the current key; read-only, no child process."""
     if config.snapshots is None:
         return {"store": None, "key": None, "exists": None}
+    from bootstrap.cloud import Unavailable
     from bootstrap.config import default_python
     from bootstrap.snapshot import local_platform, open_store, snapshot_key
 
@@ -47,8 +48,10 @@ def snapshot_info(config: Config) -> dict[str, Any]:
     if version is None:
         return {"store": str(config.snapshots), "key": None, "exists": None}
     key = snapshot_key(config, local_platform(version))
-    store = open_store(config.snapshots)  # a bucket: one bounded HEAD; None without the extra
-    exists = store.has(key) if store is not None else None
+    try:
+        exists = open_store(config.snapshots).has(key)  # a bucket: one bounded HEAD
+    except Unavailable:  # the bucket cannot be asked without the cloud extra
+        exists = None
     return {"store": str(config.snapshots), "key": key, "exists": exists}
 
 

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from tests import s3server
+from testing import s3server
 from tests.integration.conftest import RealWorld
 
 pytest.importorskip("moto.server", reason="moto[server] is not installed (test extra)")

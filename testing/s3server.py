@@ -1,4 +1,4 @@
-"""A real S3 API server (moto's) on 127.0.0.1 for the bucket tests, stopped by its handle."""
+"""A real S3 API server (moto's) on 127.0.0.1 for the bucket tests and benchmarks."""
 
 from __future__ import annotations
 
