@@ -1,4 +1,8 @@
-"""The snapshot archive on the way in: every member judged, then extracted by ``tar``.
+"""The snapshot archive: written in one format whatever the store, and on the way in every
+member judged, then extracted by ``tar``.
+
+:func:`write_snapshot` writes the manifest, then the venv as ``venv/``, into any file-like
+destination: a file in a directory store, or a compressor on its way to a bucket.
 
 A snapshot store may be shared by many machines, so an archive is untrusted input. It must be
 in the one format :func:`bootstrap.tar.write_archive` produces; :class:`bootstrap.tar.Reader`
@@ -21,12 +25,13 @@ import json
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import IO, Any, Final
 
 from bootstrap import process
 from bootstrap.errors import ProcessError
-from bootstrap.tar import BadArchive, Member, Reader
+from bootstrap.tar import BadArchive, Member, Readable, Reader, write_archive
 
 # The one error a snapshot restore raises for an archive it cannot use.
 BadSnapshot = BadArchive
@@ -39,8 +44,21 @@ _MAX_HOPS: Final = 40  # Linux's own limit on links followed in one path (ELOOP)
 _INTERPRETER: Final = "\0interpreter"  # a resolution ending on an absolute bin/python* link
 
 
-def open_snapshot(file: IO[bytes], archive: Path) -> tuple[dict[str, Any], Reader]:
-    """The manifest (the first member) and a reader positioned after it."""
+def write_snapshot(out: IO[bytes], venv: Path, key: str, platform: dict[str, str]) -> None:
+    """The snapshot of ``venv`` for ``key`` built on ``platform``, written into ``out``."""
+    manifest = {"key": key, "platform": platform, "created": time.time(), "source": str(venv),
+                "format": 1}
+    write_archive(out, (MANIFEST, json.dumps(manifest).encode()), venv, TOP, skip=_is_lock)
+
+
+def _is_lock(name: str) -> bool:
+    # uv's own venv lock is per machine state, not part of the environment.
+    return name == f"{TOP}/.lock"
+
+
+def open_snapshot(file: Readable, archive: str | Path) -> tuple[dict[str, Any], Reader]:
+    """The manifest (the first member) and a reader positioned after it. ``archive`` names the
+    snapshot (a path or a URL) in every error."""
     vetting = Vetting(archive)
     reader = Reader(file, archive, vetting.admit)
     first, data = reader.first()
@@ -55,6 +73,14 @@ def open_snapshot(file: IO[bytes], archive: Path) -> tuple[dict[str, Any], Reade
     return manifest, reader
 
 
+def open_for(file: Readable, archive: str | Path, key: str, platform: dict[str, str]) -> Reader:
+    """:func:`open_snapshot`, refusing a snapshot built for another key or platform."""
+    manifest, reader = open_snapshot(file, archive)
+    if manifest.get("key") != key or manifest.get("platform") != platform:
+        raise BadSnapshot(f"{archive}: built for another key or platform")
+    return reader
+
+
 class Vetting:
     """The member rules: everything lands under ``venv/``, nothing reaches outside it.
 
@@ -66,7 +92,7 @@ class Vetting:
     link nor reached through one (tar's ``link()`` follows links on the way to its target).
     """
 
-    def __init__(self, archive: Path) -> None:
+    def __init__(self, archive: str | Path) -> None:
         self.archive = archive
         self.links: dict[str, str] = {}  # every link so far -> its target (hard: "")
         self.passed: set[str] = set()  # paths an earlier symlink's target goes through

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from bootstrap.cloud import Bucket, bucket_url
 from bootstrap.errors import ConfigError, SkillError
 from bootstrap.skillmd import check_skill_dir
 
@@ -58,7 +59,7 @@ class Config:
     uv_args: tuple[str, ...] = ()
     skills: tuple[Skill, ...] = ()
     ready_check: str | None = None
-    snapshots: Path | None = None
+    snapshots: Path | Bucket | None = None
     # The lock file `kernel-bootstrap lock` writes: ensure installs exactly its pins.
     lock: Path | None = None
     # KERNEL_BOOTSTRAP_PYTHON: use this interpreter as it is; no venv is managed.
@@ -180,7 +181,9 @@ def config_from_dict(data: dict[str, Any], file: Path) -> Config:
     if constraints is not None and not _exists(constraints, file, "constraints", "file"):
         raise ConfigError(f"{source_name(file)}: key 'constraints': file not found: {constraints}")
     snapshots_env = os.environ.get("KERNEL_BOOTSTRAP_SNAPSHOTS")
-    snapshots = _resolve(base, snapshots_env) if snapshots_env else reader.path("snapshots", base)
+    snapshots = _snapshots(snapshots_env or reader.string("snapshots"), base,
+                           "KERNEL_BOOTSTRAP_SNAPSHOTS" if snapshots_env
+                           else f"{source_name(file)}: key 'snapshots'")
     override = os.environ.get("KERNEL_BOOTSTRAP_PYTHON")
     skills, watch = discover_skills(reader.strings("skills"), base, file)
     return Config(
@@ -244,6 +247,16 @@ class _Reader:
     def path(self, key: str, base: Path) -> Path | None:
         value = self.string(key)
         return _resolve(base, value) if value is not None else None
+
+
+def _snapshots(value: str | None, base: Path, where: str) -> Path | Bucket | None:
+    """A directory, or a bucket URL (``s3://BUCKET/PREFIX``)."""
+    try:
+        bucket = bucket_url(value) if value is not None else None
+    except ValueError:
+        raise ConfigError(f"{where}: {_short(value)} is neither a directory nor a bucket URL "
+                          "(s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, az://...)") from None
+    return bucket if bucket is not None or value is None else _resolve(base, value)
 
 
 def _resolve(base: Path, value: str) -> Path:

@@ -22,18 +22,22 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Final
+from typing import IO, TYPE_CHECKING, Final
 
 from bootstrap import log, process
 from bootstrap.archive import MANIFEST as MANIFEST  # re-exported: part of the format
-from bootstrap.archive import TOP, extract, open_snapshot
+from bootstrap.archive import TOP, extract, open_for, open_snapshot, write_snapshot
 from bootstrap.archive import BadSnapshot as BadSnapshot  # what callers catch
+from bootstrap.cloud import Bucket, Unavailable
 from bootstrap.config import Config
 from bootstrap.errors import BootstrapError
 from bootstrap.fs import fsync_dir, owner_pid, pid_alive, remove_quietly, temp_name
 from bootstrap.identity import runtime_inputs
 from bootstrap.marker import RuntimeRecord, read_marker, write_marker
 from bootstrap.uv import Uv
+
+if TYPE_CHECKING:
+    from bootstrap.bucket import BucketStore
 
 SUFFIX: Final = ".tar"
 _PLATFORM_SCRIPT: Final = (
@@ -119,17 +123,14 @@ class Store:
     # -- writing -----------------------------------------------------------------------------
     def write(self, venv: Path, key: str, platform: Platform) -> Path | None:
         """Archive ``venv``; a store we cannot write is a warning, never a failure."""
-        from bootstrap.tar import write_archive  # tarfile (~5 ms): a restore never needs it
-
         target = self.path_for(key)
         tmp = temp_name(target)
         try:
             self.root.mkdir(parents=True, exist_ok=True)
-            manifest = {"key": key, "platform": platform.as_dict(), "created": time.time(),
-                        "source": str(venv), "format": 1}
-            write_archive(tmp, (MANIFEST, json.dumps(manifest).encode()), venv, TOP,
-                          skip=_is_lock)
-            _fsync(tmp)
+            with open(tmp, "xb") as out:
+                write_snapshot(out, venv, key, platform.as_dict())
+                out.flush()
+                os.fsync(out.fileno())
             # Readers never see a partial archive: it appears under its key only when whole.
             os.replace(tmp, target)
             fsync_dir(self.root)
@@ -154,9 +155,7 @@ class Store:
         archive = self.path_for(key)
         try:
             with _open_archive(archive) as f:
-                manifest, reader = open_snapshot(f, archive)
-                if manifest.get("key") != key or manifest.get("platform") != platform.as_dict():
-                    raise BadSnapshot(f"{archive}: built for another key or platform")
+                reader = open_for(f, archive, key, platform.as_dict())
                 into.mkdir(parents=True)
                 extract(reader, into)
         except OSError as e:
@@ -195,11 +194,6 @@ class Store:
         return removed
 
 
-def _is_lock(name: str) -> bool:
-    # uv's own venv lock is per machine state, not part of the environment.
-    return name == f"{TOP}/.lock"
-
-
 def _open_archive(path: Path) -> IO[bytes]:
     """``path`` opened for reading if it is a regular file: the store may be shared, and a
     FIFO or device planted under a key must be a bad snapshot, not a hang or an endless read."""
@@ -211,14 +205,6 @@ def _open_archive(path: Path) -> IO[bytes]:
     except BaseException:
         os.close(fd)
         raise
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _describe(path: Path) -> Snapshot:
@@ -256,18 +242,18 @@ def local_platform(python_version: str) -> Platform:
 class Plan:
     """The snapshot side of one rebuild: which key, whether the store has it, and saving."""
 
-    def __init__(self, store: Store, key: str, platform: Platform) -> None:
+    def __init__(self, store: Store | BucketStore, key: str, platform: Platform) -> None:
         self.store = store
         self.key = key
         self.platform = platform
 
     @property
-    def archive(self) -> Path:
+    def archive(self) -> Path | str:
         return self.store.path_for(self.key)
 
     @property
     def available(self) -> bool:
-        return self.store.has(self.key)
+        return self.store.has(self.key) is True  # a bucket answers None when unreachable
 
     def extract(self, staging: Path) -> Path:
         return self.store.restore(self.key, staging, self.platform)
@@ -292,8 +278,23 @@ def plan(config: Config, uv: Uv) -> Plan | None:
     if config.snapshots is None:
         return None
     try:
+        store = open_store(config.snapshots)
+    except Unavailable as e:
+        log.warning(f"{e}; building without snapshots", store=str(config.snapshots))
+        return None
+    try:
         found = platform_of(uv, config.python)
     except BootstrapError as e:
         log.warning("snapshots skipped: could not identify the interpreter", error=str(e))
         return None
-    return Plan(Store(config.snapshots), snapshot_key(config, found), found)
+    return Plan(store, snapshot_key(config, found), found)
+
+
+def open_store(location: Path | Bucket) -> Store | BucketStore:
+    """The store at ``location``: a directory, or a bucket (:class:`bootstrap.cloud.Unavailable`
+    when the ``cloud`` extra is not installed)."""
+    if isinstance(location, Path):
+        return Store(location)
+    from bootstrap.bucket import BucketStore
+
+    return BucketStore(location.url)

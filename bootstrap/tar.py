@@ -3,7 +3,8 @@
 Writing uses :mod:`tarfile`'s header encoder: ``push`` streams POSIX (pax) headers, read by GNU
 tar, busybox and bsdtar alike, with file contents read from disk a chunk at a time while the
 stream is consumed, so memory stays bounded whatever the file sizes; a snapshot is a GNU-format
-archive of a directory written by ``tarfile`` itself (:func:`write_archive`).
+archive of a directory written by ``tarfile`` itself into any file-like destination (a file, or a
+compressor on its way to a bucket: :func:`write_archive`).
 
 Reading is hand-written, on purpose: a snapshot restore reads a 9k-file venv (12k headers) and
 ``tarfile`` spent ~20 us a header, longer than ``tar -x`` took to write the whole tree; this
@@ -18,7 +19,7 @@ import os
 import tarfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import IO, Final, Literal, NamedTuple
+from typing import IO, Final, Literal, NamedTuple, Protocol
 
 from bootstrap.errors import BootstrapError
 
@@ -32,6 +33,12 @@ _TYPES: Final = {"file": tarfile.REGTYPE, "dir": tarfile.DIRTYPE, "symlink": tar
 _GNU_MAGIC: Final = b"ustar  \0"  # magic and version as one field: GNU, not POSIX "ustar\x0000"
 _LONG: Final = (b"L", b"K")  # GNU long name and long link name: the name is the data
 _MAX_LONG: Final = 4096  # PATH_MAX; a longer name is not one write_archive wrote
+
+
+class Readable(Protocol):
+    """What :class:`Reader` reads from: a file, or a stream such as a download being decoded."""
+
+    def read(self, size: int = -1, /) -> bytes: ...
 
 
 class BadArchive(Exception):
@@ -100,9 +107,10 @@ def coalesce(pieces: Iterable[bytes], size: int = CHUNK) -> Iterator[bytes]:
         yield bytes(buf)
 
 
-def write_archive(path: Path, first: tuple[str, bytes], tree: Path, arcname: str,
+def write_archive(out: IO[bytes], first: tuple[str, bytes], tree: Path, arcname: str,
                   skip: Callable[[str], bool]) -> None:
-    """Write ``first`` (a name and its bytes), then ``tree`` as ``arcname``, GNU format.
+    """Write ``first`` (a name and its bytes), then ``tree`` as ``arcname``, GNU format, into
+    ``out``, front to back (tarfile asks it for ``tell()`` once, then only writes).
 
     GNU, the only format :class:`Reader` accepts: pax, tarfile's default, adds an extended
     header per member for sub-second mtimes, doubling the headers to read. ``skip`` gets each
@@ -115,7 +123,7 @@ def write_archive(path: Path, first: tuple[str, bytes], tree: Path, arcname: str
     info.size = len(first[1])
     info.mtime = int(time.time())
     info.mode = 0o644
-    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tar:
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.GNU_FORMAT) as tar:
         tar.addfile(info, io.BytesIO(first[1]))
         tar.add(tree, arcname=arcname, filter=lambda m: None if skip(m.name) else m)
 
@@ -140,7 +148,8 @@ class Reader:
     BadArchive to refuse it.
     """
 
-    def __init__(self, file: IO[bytes], archive: Path, admit: Callable[[Member], None]) -> None:
+    def __init__(self, file: Readable, archive: str | Path,
+                 admit: Callable[[Member], None]) -> None:
         self.file = file
         self.archive = archive
         self.admit = admit

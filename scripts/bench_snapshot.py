@@ -149,8 +149,9 @@ def reader_vs_tarfile(root: Path, rounds: int, members: int = 12_000) -> int:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(b"x" * (i % 700))
     archive = root / "bench.tar"
-    write_archive(archive, ("kernel-bootstrap-snapshot.json", b"{}"), tree, "venv",
-                  skip=lambda name: False)
+    with archive.open("wb") as out:
+        write_archive(out, ("kernel-bootstrap-snapshot.json", b"{}"), tree, "venv",
+                      skip=lambda name: False)
     with tarfile.open(archive) as tar:
         headers = len(tar.getmembers())
 

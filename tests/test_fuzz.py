@@ -375,7 +375,7 @@ def expect_config_or_clean_error(call: Callable[[], Config]) -> None:
     assert isinstance(config, Config)
     for path in (config.venv, config.constraints, config.snapshots,
                  *(s.path for s in config.skills)):
-        if path is not None:
+        if isinstance(path, Path):  # not None, not a bucket URL
             os.fsencode(path)  # every path we return is one the OS can be given
 
 
@@ -389,6 +389,8 @@ def expect_config_or_clean_error(call: Callable[[], Config]) -> None:
 @example(data={"python": dt.date(2024, 1, 1)})
 @example(data={"skills": ["x" * 5000]})
 @example(data={"requirements": [math.nan]})
+@example(data={"snapshots": "s3://fleet/\udcff"})
+@example(data={"snapshots": "s3:///x"})
 def test_any_config_values_give_a_config_or_a_clean_error(root: Path, data: dict[str, Any],
                                                           ) -> None:
     file = root / "cfg" / "kernel-bootstrap.toml"

@@ -4,19 +4,24 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bootstrap.config import Config, load_config
 from bootstrap.errors import EXIT_OK, ConfigError
-from bootstrap.snapshot import Store
+from bootstrap.snapshot import Store, open_store
+
+if TYPE_CHECKING:
+    from bootstrap.bucket import BucketStore
 
 
-def _store(config: Config) -> Store:
+def _store(config: Config) -> Store | BucketStore:
+    """The configured store; a bucket without the ``cloud`` extra is an error naming it."""
     if config.snapshots is None:
         raise ConfigError(
             f"{config.path}: no snapshot store: set `snapshots = \"PATH\"` in the config or "
             "KERNEL_BOOTSTRAP_SNAPSHOTS"
         )
-    return Store(config.snapshots)
+    return open_store(config.snapshots)
 
 
 def list_(config_path: Path | None, *, as_json: bool) -> int:

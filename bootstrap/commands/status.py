@@ -38,8 +38,9 @@ def snapshot_info(config: Config) -> dict[str, Any]:
     """Whether the store holds a snapshot for the current key; read-only, no child process."""
     if config.snapshots is None:
         return {"store": None, "key": None, "exists": None}
+    from bootstrap.cloud import Unavailable
     from bootstrap.config import default_python
-    from bootstrap.snapshot import Store, local_platform, snapshot_key
+    from bootstrap.snapshot import local_platform, open_store, snapshot_key
 
     version = python_version(config.venv)
     if version is None and config.python == default_python():
@@ -47,7 +48,11 @@ def snapshot_info(config: Config) -> dict[str, Any]:
     if version is None:
         return {"store": str(config.snapshots), "key": None, "exists": None}
     key = snapshot_key(config, local_platform(version))
-    return {"store": str(config.snapshots), "key": key, "exists": Store(config.snapshots).has(key)}
+    try:
+        exists = open_store(config.snapshots).has(key)  # a bucket: one bounded HEAD
+    except Unavailable:  # the bucket cannot be asked without the cloud extra
+        exists = None
+    return {"store": str(config.snapshots), "key": key, "exists": exists}
 
 
 def lockfile_info(config: Config) -> dict[str, str]:

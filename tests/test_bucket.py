@@ -1,0 +1,325 @@
+"""Snapshots in a bucket: against a real S3 API server (moto's) on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bootstrap.cloud import Bucket
+from bootstrap.config import config_from_dict
+from bootstrap.errors import ConfigError
+from testing import s3server
+from testing.s3server import free_port
+from testing.world import World
+
+pytest.importorskip("moto.server", reason="moto[server] is not installed (test extra)")
+pytest.importorskip("obstore", reason="obstore is not installed (cloud extra)")
+zstandard = pytest.importorskip("zstandard", reason="zstandard is not installed (cloud extra)")
+
+SECRET = "testing-secret"  # the server accepts any; what matters is that none is logged
+BOUND = 2  # KERNEL_BOOTSTRAP_SNAPSHOT_TIMEOUT for every test, seconds
+
+
+@pytest.fixture(scope="module")
+def endpoint() -> Iterator[str]:
+    with s3server.running() as url:
+        yield url
+
+
+@pytest.fixture
+def bucket(tmp_path: Path) -> str:
+    return f"fleet-{tmp_path.name.lower().replace('_', '-')[-40:]}".rstrip("-")
+
+
+@pytest.fixture
+def s3(endpoint: str, bucket: str) -> Any:
+    return s3server.make_bucket(endpoint, bucket)
+
+
+@pytest.fixture
+def world(tmp_path: Path, endpoint: str, bucket: str, s3: Any) -> World:
+    w = World(tmp_path)
+    w.write_config(requirements=["requests>=2"], snapshots=f"s3://{bucket}/snaps")
+    w.skill("alpha")
+    w.skill("beta")
+    w.env.update(s3server.client_env(endpoint, SECRET))
+    w.env["KERNEL_BOOTSTRAP_SNAPSHOT_TIMEOUT"] = str(BOUND)
+    w.bucket = bucket  # type: ignore[attr-defined]
+    return w
+
+
+def objects(world: World, s3: Any) -> list[str]:
+    listed = s3.list_objects_v2(Bucket=world.bucket, Prefix="snaps/")  # type: ignore[attr-defined]
+    return sorted(o["Key"] for o in listed.get("Contents", []))
+
+
+def elsewhere(world: World, name: str = "other", **extra: str) -> dict[str, str]:
+    return {"KERNEL_BOOTSTRAP_VENV": str(world.root / name), **extra}
+
+
+def imports(world: World, venv: str, modules: str) -> bool:
+    python = world.root / venv / "bin" / "python"
+    return subprocess.run([str(python), "-c", f"import {modules}"], check=False).returncode == 0
+
+
+def test_a_second_venv_path_restores_from_the_bucket(world: World, s3: Any) -> None:
+    world.ensure()
+    [name] = objects(world, s3)
+    head = s3.head_object(Bucket=world.bucket, Key=name)  # type: ignore[attr-defined]
+    assert head["Metadata"]["kb-sha256"] and int(head["Metadata"]["kb-size"]) > 0
+    body = s3.get_object(Bucket=world.bucket, Key=name)["Body"].read()  # type: ignore[attr-defined]
+    assert body[:4] == b"\x28\xb5\x2f\xfd"  # zstd in a bucket
+    world.clear_log()
+    out = json.loads(world.ensure("--json", env=elsewhere(world)).stdout)
+    assert out["action"] == "rebuild" and out["python"] == str(world.root / "other/bin/python")
+    assert world.uv_calls() == []  # no `uv venv`, no runtime install, no skill install
+    assert imports(world, "other", "alpha, beta, requests")
+    status = json.loads(world.run("status", "--json", env=elsewhere(world)).stdout)
+    assert status["ready"] is True and status["snapshot"]["exists"] is True
+    assert status["snapshot"]["store"] == f"s3://{world.bucket}/snaps"  # type: ignore[attr-defined]
+
+
+def put_back(world: World, s3: Any, name: str, body: bytes, metadata: dict[str, str]) -> None:
+    s3.put_object(Bucket=world.bucket, Key=name, Body=body,  # type: ignore[attr-defined]
+                  Metadata=metadata)
+
+
+# Each damage and the words its warning must hold.
+DAMAGES = {
+    "truncated": "truncated",  # half the object, the metadata as written
+    "corrupted": "",  # one byte flipped in the middle: the reader or the digest refuses it
+    # An intact body whose recorded digest differs: only the digest check can tell, and it
+    # must, before the restored tree replaces anything.
+    "wrong-digest": "sha256",
+    "no-metadata": "no recorded size and digest",
+    "garbage-recorded": "",  # garbage whose size and digest were recorded: the reader refuses
+}
+
+
+@pytest.mark.parametrize("damage", list(DAMAGES))
+def test_a_damaged_object_warns_by_name_and_builds(world: World, s3: Any, damage: str) -> None:
+    import hashlib
+
+    world.ensure()
+    [name] = objects(world, s3)
+    got = s3.get_object(Bucket=world.bucket, Key=name)  # type: ignore[attr-defined]
+    body, meta = bytearray(got["Body"].read()), got["Metadata"]
+    if damage == "truncated":
+        del body[len(body) // 2:]
+    elif damage == "corrupted":
+        body[len(body) // 2] ^= 0xFF
+    elif damage == "no-metadata":
+        meta = {}
+    elif damage == "wrong-digest":
+        meta = {**meta, "kb-sha256": hashlib.sha256(b"something else").hexdigest()}
+    else:
+        body = bytearray(b"\x00not a snapshot" * 500)
+        meta = {**meta, "kb-size": str(len(body)), "kb-sha256": hashlib.sha256(body).hexdigest()}
+    put_back(world, s3, name, bytes(body), meta)
+    world.clear_log()
+    result = world.ensure(env=elsewhere(world))
+    assert f"s3://{world.bucket}/{name}" in result.stderr, result.stderr  # type: ignore[attr-defined]
+    assert DAMAGES[damage] in result.stderr, result.stderr
+    assert len(world.venv_calls()) == 1 and imports(world, "other", "alpha, requests")
+    assert not list(world.root.glob(".other.stage-*"))
+    # The build uploaded a good object again: the next sandbox restores.
+    world.clear_log()
+    world.ensure(env=elsewhere(world, "third"))
+    assert world.venv_calls() == []
+
+
+def test_a_plain_archive_in_the_bucket_still_restores(world: World, s3: Any) -> None:
+    import hashlib
+
+    world.ensure()
+    [name] = objects(world, s3)
+    got = s3.get_object(Bucket=world.bucket, Key=name)  # type: ignore[attr-defined]
+    plain = zstandard.ZstdDecompressor().decompressobj().decompress(got["Body"].read())
+    assert plain[:4] != b"\x28\xb5\x2f\xfd"
+    put_back(world, s3, name, plain, {"kb-size": str(len(plain)),
+                                      "kb-sha256": hashlib.sha256(plain).hexdigest()})
+    world.clear_log()
+    world.ensure(env=elsewhere(world))
+    assert world.uv_calls() == [] and imports(world, "other", "beta")
+
+
+def silent_listener() -> socket.socket:
+    """A socket that accepts connections (the kernel does) and never answers."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    return sock
+
+
+@pytest.mark.parametrize("kind", ["nobody-listens", "never-answers"])
+def test_an_unreachable_store_is_a_warning_within_the_bound_and_a_build(
+        world: World, kind: str) -> None:
+    listener = silent_listener() if kind == "never-answers" else None
+    port = listener.getsockname()[1] if listener else free_port()
+    try:
+        env = elsewhere(world, AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}")
+        started = time.monotonic()
+        result = world.ensure(env=env)
+        elapsed = time.monotonic() - started
+        status = world.run("status", "--json", env=env)
+    finally:
+        if listener:
+            listener.close()
+    assert "bucket did not answer" in result.stderr, result.stderr
+    assert f"s3://{world.bucket}/snaps" in result.stderr  # type: ignore[attr-defined]
+    assert SECRET not in result.stderr
+    assert imports(world, "other", "alpha, requests")
+    # One bounded wait for the whole run (the upload after the build is skipped), and far
+    # from a hang; the margin is for the build itself on a loaded machine.
+    assert elapsed < 4 * BOUND + 30
+    assert json.loads(status.stdout)["snapshot"]["exists"] is None
+
+
+def test_two_concurrent_restores_of_one_key(world: World) -> None:
+    world.ensure()
+    world.clear_log()
+    procs = [subprocess.Popen(world.command("ensure"), env={**world.env, **elsewhere(world, n)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for n in ("one", "two")]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [o[1] for o in outs]
+    assert world.uv_calls() == []
+    assert imports(world, "one", "beta") and imports(world, "two", "beta")
+
+
+def test_concurrent_writers_of_one_key_leave_one_whole_object(world: World, s3: Any) -> None:
+    procs = [subprocess.Popen(world.command("ensure"), env={**world.env, **elsewhere(world, n)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for n in ("one", "two", "three")]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], [o[1] for o in outs]
+    assert len(objects(world, s3)) == 1
+    world.clear_log()
+    world.ensure(env=elsewhere(world, "reader"))
+    assert world.uv_calls() == [] and imports(world, "reader", "alpha, beta")
+
+
+def test_list_and_prune_work_on_the_bucket(world: World, s3: Any) -> None:
+    world.ensure()
+    time.sleep(1.1)  # S3 times are whole seconds: the second snapshot must be newer
+    world.write_config(requirements=["requests>=2", "idna"],
+                       snapshots=f"s3://{world.bucket}/snaps")  # type: ignore[attr-defined]
+    world.ensure(env=elsewhere(world))
+    listed = json.loads(world.run("snapshot", "list", "--json").stdout)
+    assert listed["store"] == f"s3://{world.bucket}/snaps"  # type: ignore[attr-defined]
+    assert len(listed["snapshots"]) == 2
+    assert all(s["platform"].get("os") and s["bytes"] > 0 for s in listed["snapshots"])
+    newest = max(listed["snapshots"], key=lambda s: s["created"])
+    pruned = json.loads(world.run("snapshot", "prune", "--keep", "1", "--json").stdout)
+    assert len(pruned["removed"]) == 1 and newest["path"] not in pruned["removed"]
+    assert objects(world, s3) == [newest["path"].split("/", 3)[3]]
+    assert world.run("snapshot", "prune", "--keep", "0").returncode == 0
+    assert "no snapshots" in world.run("snapshot", "list").stdout
+
+
+def test_without_credentials_a_warning_says_so_and_the_build_goes_on(world: World) -> None:
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        world.env.pop(var)
+    result = world.ensure()
+    assert "no AWS credentials" in result.stderr, result.stderr
+    assert world.imports("alpha")
+
+
+def test_credentials_from_the_shared_file_are_used_and_never_logged(
+        world: World, s3: Any, tmp_path: Path) -> None:
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        world.env.pop(var)
+    creds = tmp_path / "aws-credentials"
+    creds.write_text(f"[fleet]\naws_access_key_id = testing\naws_secret_access_key = {SECRET}\n")
+    world.env.update(AWS_SHARED_CREDENTIALS_FILE=str(creds), AWS_PROFILE="fleet")
+    result = world.ensure("-v")
+    assert len(objects(world, s3)) == 1 and SECRET not in result.stderr
+    failed = world.ensure("-v", env=elsewhere(world, AWS_ENDPOINT_URL="http://127.0.0.1:1"))
+    assert "did not answer" in failed.stderr and SECRET not in failed.stderr
+
+
+def test_without_the_cloud_extra_a_warning_names_it_and_the_build_goes_on(
+        world: World, tmp_path: Path) -> None:
+    blocker = tmp_path / "no-cloud"
+    (blocker / "obstore").mkdir(parents=True)
+    (blocker / "obstore" / "__init__.py").write_text("raise ImportError('not installed')\n")
+    path = os.pathsep.join(p for p in (str(blocker), world.env.get("PYTHONPATH")) if p)
+    result = world.ensure(env={"PYTHONPATH": path})
+    assert "kernel-bootstrap[cloud]" in result.stderr and world.imports("alpha")
+    listed = world.run("snapshot", "list", env={"PYTHONPATH": path})
+    assert listed.returncode == 1 and "kernel-bootstrap[cloud]" in listed.stderr
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    ("s3://fleet/snaps", Bucket("s3://fleet/snaps")),
+    ("s3://fleet/", Bucket("s3://fleet")),
+    ("gs://fleet/a/b", Bucket("gs://fleet/a/b")),
+    ("az://account/container", Bucket("az://account/container")),
+    ("store", None),
+])
+def test_the_snapshots_key_takes_a_directory_or_a_bucket_url(
+        tmp_path: Path, value: str, expected: Bucket | None) -> None:
+    config = config_from_dict({"snapshots": value}, tmp_path / "kb.toml")
+    assert config.snapshots == (expected if expected else tmp_path / "store")
+
+
+@pytest.mark.parametrize("value", ["s3://", "ftp://fleet/snaps", "s3:///snaps"])
+def test_a_url_that_is_no_bucket_is_a_config_error(tmp_path: Path, value: str) -> None:
+    with pytest.raises(ConfigError, match="bucket URL"):
+        config_from_dict({"snapshots": value}, tmp_path / "kb.toml")
+
+
+def test_an_upload_names_the_object_and_leaves_no_temp_file(world: World, tmp_path: Path) -> None:
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    result = world.ensure("-v", env={"TMPDIR": str(scratch)})
+    assert f"s3://{world.bucket}/snaps/" in result.stderr  # type: ignore[attr-defined]
+    assert "snapshot uploaded" in result.stderr
+    # The archive streams into the compressor: no plain archive is written anywhere first.
+    assert "snapshot written" not in result.stderr and str(scratch) not in result.stderr
+    assert list(scratch.iterdir()) == []
+
+
+def unsafe_archive(key: str, platform: dict[str, str]) -> bytes:
+    """A snapshot whose manifest matches but whose venv holds a link out of it."""
+    import io
+    import tarfile
+
+    out = io.BytesIO()
+    manifest = json.dumps({"key": key, "platform": platform, "format": 1}).encode()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        info = tarfile.TarInfo("kernel-bootstrap-snapshot.json")
+        info.size = len(manifest)
+        tar.addfile(info, io.BytesIO(manifest))
+        link = tarfile.TarInfo("venv/escape")
+        link.type, link.linkname = tarfile.SYMTYPE, "../../outside"
+        tar.addfile(link)
+    return out.getvalue()
+
+
+def test_an_object_with_an_unsafe_member_is_refused_by_the_vetting_reader(
+        world: World, s3: Any) -> None:
+    import hashlib
+
+    world.ensure()
+    [name] = objects(world, s3)
+    key = name.rsplit("/", 1)[1].removesuffix(".tar")
+    platform = json.loads(s3.head_object(Bucket=world.bucket,  # type: ignore[attr-defined]
+                                         Key=name)["Metadata"]["kb-platform"])
+    body = zstandard.ZstdCompressor().compress(unsafe_archive(key, platform))
+    put_back(world, s3, name, body, {"kb-size": str(len(body)),
+                                     "kb-sha256": hashlib.sha256(body).hexdigest()})
+    world.clear_log()
+    result = world.ensure(env=elsewhere(world))
+    url = f"s3://{world.bucket}/{name}"  # type: ignore[attr-defined]
+    assert f"{url}: unsafe member 'venv/escape'" in result.stderr, result.stderr
+    assert len(world.venv_calls()) == 1 and imports(world, "other", "alpha")
+    assert not (world.root / "outside").exists()
