@@ -55,3 +55,18 @@ def isolated_home(
     for path, existed in before.items():
         if path.exists() and not existed:
             pytest.fail(f"a test created {path} in the real home directory")
+
+
+@pytest.fixture(autouse=True)
+def library_logging() -> Iterator[None]:
+    """Each test starts as a library user does: logging through `logging`, nothing on stderr.
+
+    The log module is configured once per process (the CLI calls ``configure``); a test that
+    ran the CLI in process would otherwise decide where the next test's warnings go, and which
+    test ran before depends on how the suite is split over workers.
+    """
+    from bootstrap import log
+
+    log.use_stdlib_logging()
+    yield
+    log.use_stdlib_logging()

@@ -258,8 +258,10 @@ def test_concurrent_publishers_are_serialised(root: Path, v1: Path, v2: Path) ->
 
     def publisher(src: Path) -> None:
         try:
+            # The default grace keeps each outgoing tree for readers still walking it; with
+            # none, the sampling reader itself would see files vanish under its open tree.
             for _ in range(6):
-                publish([src], root, grace=0)
+                publish([src], root)
         except BaseException as e:  # report in the main thread
             errors.append(e)
 
@@ -272,6 +274,8 @@ def test_concurrent_publishers_are_serialised(root: Path, v1: Path, v2: Path) ->
     assert not errors
     assert counts["mixed"] == counts["partial"] == counts["missing"] == 0, dict(counts)
     assert classify(root / "demo") in {"v1", "v2"}
+    assert leftovers(root)["staging"] == leftovers(root)["journal"] == []
+    gc_publish_state(root, grace=0)
     assert leftovers(root) == {"staging": [], "retired": [], "journal": []}
 
 
