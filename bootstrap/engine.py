@@ -14,13 +14,14 @@ from pathlib import Path
 from typing import Final
 
 from bootstrap import lock, lockfile, log, process, progress, snapshot, warm
-from bootstrap.config import Config, validate_requirements
+from bootstrap.config import Config
 from bootstrap.errors import BootstrapError, ConfigError
 from bootstrap.fs import remove_quietly, removed_on_failure
 from bootstrap.identity import identity_of, runtime_inputs
 from bootstrap.marker import RuntimeRecord, base_marker, marker_path, write_marker
 from bootstrap.override import ensure_override
 from bootstrap.readiness import Status, status
+from bootstrap.requirements import validate_requirements
 from bootstrap.results import Action, EnsureResult
 from bootstrap.skillmd import SKILL_FILE
 from bootstrap.sync import sync_skills

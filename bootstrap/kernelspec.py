@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Final, TypedDict
 
 from bootstrap import swap
-from bootstrap.config import Config, validate_requirements
+from bootstrap.config import Config
 from bootstrap.errors import ConfigError
 from bootstrap.fs import (
     fsync_dir,
@@ -28,6 +28,7 @@ from bootstrap.fs import (
     temp_name,
     write_synced,
 )
+from bootstrap.requirements import validate_requirements
 
 DEFAULT_NAME: Final = "kernel-bootstrap"
 # Jupyter's rule for kernel names; it lower-cases them when it installs and when it lists.

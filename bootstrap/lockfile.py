@@ -25,10 +25,11 @@ from pathlib import Path
 from typing import Final, Literal
 
 from bootstrap import log, process
-from bootstrap.config import Config, default_python, validate_requirements
+from bootstrap.config import Config, default_python
 from bootstrap.errors import ConfigError, UvError
 from bootstrap.fs import removed_on_exit
 from bootstrap.identity import file_digest, normalise_requirement
+from bootstrap.requirements import validate_requirements
 from bootstrap.uv import Uv, environment, make_uv
 
 LockState = Literal["current", "stale", "missing"]

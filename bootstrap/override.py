@@ -11,10 +11,11 @@ import os
 from pathlib import Path
 
 from bootstrap import log
-from bootstrap.config import Config, validate_requirements
+from bootstrap.config import Config
 from bootstrap.errors import BootstrapError
 from bootstrap.probe import probe, requirement_names, unmet_requirements
 from bootstrap.python_skill import import_names, load_python_skill
+from bootstrap.requirements import validate_requirements
 from bootstrap.results import EnsureResult
 
 

@@ -13,12 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bootstrap import exact, process
-from bootstrap.config import Config, validate_requirements
+from bootstrap.config import Config
 from bootstrap.engine import CHECK_TIMEOUT, ensure
 from bootstrap.errors import ProcessError
 from bootstrap.probe import Dist, ProbeResult, probe, requirement_names, unmet_requirements
 from bootstrap.python_skill import PythonSkill, import_names, load_python_skill
 from bootstrap.readiness import Status, status
+from bootstrap.requirements import validate_requirements
 from bootstrap.results import EnsureResult
 from bootstrap.venv import interpreter
 
