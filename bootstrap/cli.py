@@ -30,7 +30,10 @@ environment:
   KERNEL_BOOTSTRAP_VENV      overrides the config's `venv`
   KERNEL_BOOTSTRAP_PYTHON    use this interpreter as it is (no venv is managed)
   KERNEL_BOOTSTRAP_SNAPSHOTS overrides the config's `snapshots`
-  KERNEL_BOOTSTRAP_UV        the uv executable (default: uv's bundled binary, then PATH)
+  KERNEL_BOOTSTRAP_UV        the uv executable (default: uv on PATH, else uv's bundled binary)
+  KERNEL_BOOTSTRAP_BUILD_CACHE         where built skills are kept (default: the user cache dir)
+  KERNEL_BOOTSTRAP_BATCH_BUILDS=0      let uv build every skill itself (no batching, no cache)
+  KERNEL_BOOTSTRAP_SNAPSHOT_TIMEOUT    seconds a bucket may take to answer (default: 5)
   NO_COLOR                   no colour on a terminal"""
 # Global options may come before or after the subcommand (as uv's do). Each parser level keeps
 # its own copy under its own name; _merge_globals adds the counts and lets the last value win.
