@@ -41,21 +41,9 @@ def read_state_file(path: Path, limit: int = STATE_FILE_LIMIT) -> bytes:
     not read) and ``O_NONBLOCK`` (a FIFO cannot hang us), then checked to be a regular file and
     read with a cap. Callers treat any OSError as "unreadable": a warning, never a hang.
     """
-    if _NOFOLLOW == 0 and os.path.islink(path):  # Windows: no O_NOFOLLOW; check first
-        raise NotRegularFile(errno.ELOOP, "is a symbolic link, not a file we wrote", str(path))
+    fd = open_regular(path)
     try:
-        fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _NONBLOCK | _CLOEXEC | _BINARY)
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            raise NotRegularFile(errno.ELOOP, "is a symbolic link, not a file we wrote",
-                                 str(path)) from e
-        raise
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise NotRegularFile(errno.EINVAL, f"is a {_kind(st.st_mode)}, not a regular file",
-                                 str(path))
-        if st.st_size > limit:
+        if os.fstat(fd).st_size > limit:
             raise NotRegularFile(errno.EFBIG, f"is larger than {limit} bytes", str(path))
         chunks: list[bytes] = []
         size = 0
@@ -70,6 +58,33 @@ def read_state_file(path: Path, limit: int = STATE_FILE_LIMIT) -> bytes:
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+def open_regular(path: Path, *, follow: bool = False) -> int:
+    """A read-only descriptor of ``path`` if it is a regular file; NotRegularFile otherwise.
+
+    Never blocks (a FIFO opens at once and is refused) and, unless ``follow``, never follows a
+    symlink at ``path`` itself. The caller closes the descriptor.
+    """
+    nofollow = 0 if follow else _NOFOLLOW
+    if not follow and _NOFOLLOW == 0 and os.path.islink(path):  # Windows: check first
+        raise NotRegularFile(errno.ELOOP, "is a symbolic link, not a file we wrote", str(path))
+    try:
+        fd = os.open(path, os.O_RDONLY | nofollow | _NONBLOCK | _CLOEXEC | _BINARY)
+    except OSError as e:
+        if e.errno == errno.ELOOP and not follow:
+            raise NotRegularFile(errno.ELOOP, "is a symbolic link, not a file we wrote",
+                                 str(path)) from e
+        raise
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise NotRegularFile(errno.EINVAL, f"is a {_kind(mode)}, not a regular file",
+                                 str(path))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _kind(mode: int) -> str:

@@ -13,11 +13,9 @@ members, failing validation) is a warning naming it, then a normal build.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
-import stat
 import sys
 import time
 from dataclasses import dataclass
@@ -31,7 +29,7 @@ from bootstrap.archive import BadSnapshot as BadSnapshot  # what callers catch
 from bootstrap.cloud import Bucket, Unavailable
 from bootstrap.config import Config
 from bootstrap.errors import BootstrapError
-from bootstrap.fs import fsync_dir, owner_pid, pid_alive, remove_quietly, temp_name
+from bootstrap.fs import fsync_dir, open_regular, owner_pid, pid_alive, remove_quietly, temp_name
 from bootstrap.identity import runtime_inputs
 from bootstrap.marker import RuntimeRecord, read_marker, write_marker
 from bootstrap.uv import Uv
@@ -197,14 +195,8 @@ class Store:
 def _open_archive(path: Path) -> IO[bytes]:
     """``path`` opened for reading if it is a regular file: the store may be shared, and a
     FIFO or device planted under a key must be a bad snapshot, not a hang or an endless read."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", str(path))
-        return open(fd, "rb", buffering=0)
-    except BaseException:
-        os.close(fd)
-        raise
+    # A store shared through symlinks is fine: follow a link at the archive's own name.
+    return open(open_regular(path, follow=True), "rb", buffering=0)
 
 
 def _describe(path: Path) -> Snapshot:
