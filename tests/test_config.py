@@ -133,6 +133,8 @@ def test_a_venv_path_too_long_to_use_is_a_config_error_naming_the_key(world: Wor
     status = world.run("status", "--json")
     assert status.returncode == 2 and "key 'venv'" in status.stderr
     assert "Traceback" not in status.stderr
+    report = json.loads(status.stdout)  # a program reading --json always gets its object
+    assert report["ready"] is False and "key 'venv'" in report["error"]
 
 
 def test_a_venv_path_too_long_from_the_environment_names_the_variable(world: World) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from bootstrap.config import Config, load_config
-from bootstrap.errors import EXIT_FAILED, EXIT_OK
+from bootstrap.errors import EXIT_FAILED, EXIT_OK, BootstrapError
 from bootstrap.lock import LockInfo, probe
 from bootstrap.readiness import Status
 from bootstrap.readiness import status as read_status
@@ -16,7 +16,15 @@ from bootstrap.venv import python_version
 
 
 def status(config_path: Path | None, *, as_json: bool) -> int:
-    config = load_config(config_path)
+    try:
+        config = load_config(config_path)
+    except BootstrapError as e:
+        if as_json:
+            # A program reading `status --json` always gets its object, even for a config it
+            # cannot use (a venv path too long to create, a typo in a key); stderr and the
+            # exit code (2) say the same as for any other command.
+            print(json.dumps({"ready": False, "error": str(e)}))
+        raise
     found = read_status(config)
     held = probe(config.venv)
     snapshot = snapshot_info(config)
