@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Final
 
 from bootstrap.errors import BootstrapError
-from bootstrap.fs import fsync_dir, temp_name, write_synced
+from bootstrap.fs import fsync_dir, temp_name, write_file
 
 
 class DiskError(BootstrapError, OSError):
@@ -56,7 +56,7 @@ def write_atomic(path: Path, data: bytes, *, attempts: int = WRITE_ATTEMPTS) -> 
     try:
         for attempt in range(1, attempts + 1):
             try:
-                write_synced(tmp, data)
+                write_file(tmp, data, sync=True)
                 os.replace(tmp, path)
                 break
             except OSError as e:

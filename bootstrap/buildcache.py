@@ -46,7 +46,7 @@ from bootstrap.fs import (
     read_state_file,
     remove_quietly,
     temp_name,
-    write_all,
+    write_file,
 )
 from bootstrap.python_skill import PythonSkill
 
@@ -142,12 +142,7 @@ class Cache:
             return None
         dest.mkdir(parents=True, exist_ok=True)
         wheel = dest / str(meta["wheel"])
-        fd = os.open(wheel, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0),
-                     0o644)
-        try:
-            write_all(fd, data)
-        finally:
-            os.close(fd)
+        write_file(wheel, data)
         _touch(entry / USED)
         return wheel
 

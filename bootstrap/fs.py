@@ -111,15 +111,23 @@ def write_all(fd: int, data: bytes | memoryview) -> None:
         view = view[os.write(fd, view):]
 
 
-def write_synced(path: Path, data: bytes, *, exclusive: bool = False) -> None:
-    """Write ``data`` to ``path`` and fsync it; ``exclusive`` refuses an existing path (and a
-    symlink planted there) instead of truncating it."""
+def write_file(path: Path, data: bytes, *, exclusive: bool = False, sync: bool = False) -> None:
+    """Write ``data`` to ``path``; ``sync`` fsyncs it before closing.
+
+    ``exclusive`` refuses an existing path (and a symlink planted there) instead of truncating
+    it. A failed write names the file: ``write(2)`` and ``fsync(2)`` name none, and a full disk
+    once printed a bare "[Errno 28] No space left on device".
+    """
     flags = os.O_WRONLY | os.O_CREAT | _CLOEXEC | _BINARY
     flags |= (os.O_EXCL | _NOFOLLOW) if exclusive else os.O_TRUNC
     fd = os.open(path, flags, 0o644)
     try:
         write_all(fd, data)
-        os.fsync(fd)
+        if sync:
+            os.fsync(fd)
+    except OSError as e:
+        e.filename = e.filename or str(path)
+        raise
     finally:
         os.close(fd)
 

@@ -26,7 +26,7 @@ from bootstrap.fs import (
     remove_quietly,
     removed_on_failure,
     temp_name,
-    write_synced,
+    write_file,
 )
 from bootstrap.requirements import validate_requirements
 
@@ -116,7 +116,7 @@ def install_spec(kernels: Path, name: str, spec: KernelSpec) -> Path:
     with removed_on_failure(staged):
         staged.mkdir()
         blob = json.dumps(spec, indent=1).encode() + b"\n"
-        write_synced(staged / SPEC_FILE, blob, exclusive=True)
+        write_file(staged / SPEC_FILE, blob, exclusive=True, sync=True)
         fsync_dir(staged)
         swap.swap_in(site, staged, target)
     fsync_dir(kernels)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Final
 
 from bootstrap import log
 from bootstrap.errors import ConfigError, LockTimeout
-from bootstrap.fs import read_state_file, remove_quietly, write_all
+from bootstrap.fs import read_state_file, remove_quietly, write_file
 
 if TYPE_CHECKING:
     from filelock import BaseFileLock
@@ -190,8 +190,4 @@ def _write_holder(lock_file: Path, purpose: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
     with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o644)
-        try:
-            write_all(fd, record)
-        finally:
-            os.close(fd)
+        write_file(path, record, exclusive=True)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Final
 
 from bootstrap.config import PYPROJECT, Skill
-from bootstrap.fs import write_all
+from bootstrap.fs import write_file
 
 # Characters uv cannot take in a local project's path (see unusable_path_problem).
 _UV_UNUSABLE: Final = frozenset("#\n\r")
@@ -172,14 +172,7 @@ def requirements_file(skills: Iterable[PythonSkill], directory: Path,
     wheels = wheels or {}
     lines = [f"{s.project} @ {wheels[s.name].as_uri()}" if s.name in wheels
              else f"-e {s.skill.path.as_uri()}" for s in skills]
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
-    try:
-        write_all(fd, ("\n".join(lines) + "\n").encode("utf-8", "surrogateescape"))
-    except OSError as e:
-        e.filename = e.filename or str(path)  # a failed write(2) names no file; say which
-        raise
-    finally:
-        os.close(fd)
+    write_file(path, ("\n".join(lines) + "\n").encode("utf-8", "surrogateescape"), exclusive=True)
     return path
 
 

@@ -238,7 +238,7 @@ def test_a_kill_between_the_renames_is_recovered_by_the_next_install(
     # The next install finishes or undoes that swap before anything else, so even one that
     # then fails itself leaves a kernel.json in place.
     with pytest.MonkeyPatch.context() as patch, pytest.raises(OSError):
-        patch.setattr(kernelspec, "write_synced", _fails)
+        patch.setattr(kernelspec, "write_file", _fails)
         kernelspec.install_spec(kernels, "agent", {**SPEC, "display_name": "newer"})
     assert spec_at(kernels / "agent")["display_name"] in ("old", "new")
     path = kernelspec.install_spec(kernels, "agent", {**SPEC, "display_name": "newer"})
