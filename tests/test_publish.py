@@ -662,7 +662,11 @@ def victim(tmp_path: Path) -> Path:
     return v
 
 
-def gc_cli(capsys: pytest.CaptureFixture[str], root: Path) -> tuple[int, str, str]:
+def publish_or_gc(capsys: pytest.CaptureFixture[str], command: str, root: Path,
+                  src: Path) -> tuple[int, str, str]:
+    """``publish SRC --into ROOT`` or ``gc --root ROOT``, both with no grace, in process."""
+    if command == "publish":
+        return run_cli(capsys, src, "--into", root, "--grace", "0")
     code = main(["gc", "--root", str(root), "--grace", "0"])
     out, err = capsys.readouterr()
     return code, out, err
@@ -680,8 +684,7 @@ def test_a_symlink_planted_in_the_state_dir_is_refused_and_its_target_untouched(
     link.symlink_to(victim)
     before = modes_and_bytes(victim)
     capsys.readouterr()
-    code, _, err = run_cli(capsys, v2, "--into", root, "--grace", "0") if command == "publish" \
-        else gc_cli(capsys, root)
+    code, _, err = publish_or_gc(capsys, command, root, v2)
     assert code == 1, err
     assert "Traceback" not in err and f"error: {link} is a symbolic link" in err
     assert modes_and_bytes(victim) == before
@@ -701,8 +704,7 @@ def test_a_forged_journal_moves_nothing_and_is_named_in_a_warning(
                                    "staged": str(victim / "data")}))
     before = modes_and_bytes(victim)
     capsys.readouterr()
-    code, _, err = run_cli(capsys, v2, "--into", root, "--grace", "0") if command == "publish" \
-        else gc_cli(capsys, root)
+    code, _, err = publish_or_gc(capsys, command, root, v2)
     assert code == 0, err
     assert str(journal) in err and "warning" in err
     assert modes_and_bytes(victim) == before and not elsewhere.exists()
