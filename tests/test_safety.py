@@ -16,19 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap import log
 from bootstrap.errors import BootstrapError
 from bootstrap.venv import interpreter, recover, staging_path, swap_into_place
 from testing.processes import kill_group, start, wait_for
 from testing.world import World
 
 NEW_RUNTIME = ["requests>=2", "six"]
-
-
-@pytest.fixture(autouse=True)
-def fresh_log() -> None:
-    # In-process recovery logs: to this test's stderr, never to an earlier test's closed one.
-    log.configure()
 
 
 @pytest.fixture

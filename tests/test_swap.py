@@ -22,7 +22,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(autouse=True)
 def fresh_log() -> Iterator[None]:
-    # Warnings go to this test's captured stderr, and later tests never log to it once closed.
+    # The CLI's log lines, on stderr, where these tests read the warnings (the default for a
+    # test is library logging).
     log.configure()
     yield
     log.configure()
