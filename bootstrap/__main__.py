@@ -1,3 +1,3 @@
-from bootstrap.cli import main
+from bootstrap.cli import run
 
-raise SystemExit(main())
+run()

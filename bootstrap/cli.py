@@ -7,14 +7,18 @@ interpreter start.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 
-# Only sys at import time: the warm `ensure` is answered before argparse (~5 ms) is imported.
+# Only os and sys (loaded by every interpreter's start) at import time: the warm `ensure` is
+# answered before argparse (~5 ms) is imported.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
     from pathlib import Path
+    from typing import NoReturn
 
 DESCRIPTION = ("Keep a Jupyter kernel's venv and its agent skills ready: build it once, then "
                "start in milliseconds.")
@@ -124,8 +128,10 @@ def _prefix(text: str) -> Path:
     return Path(text)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The full parser; use :func:`parse_args` to read argv (it merges the global options)."""
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The full parser, or with ``only`` the one command of that name (building all thirteen
+    parsers costs 10-30 ms here, mostly argparse's gettext lookups); use :func:`parse_args` to
+    read argv (it merges the global options)."""
     import argparse
 
     from bootstrap import __version__
@@ -138,9 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     _globals(parser, 0)
     sub = parser.add_subparsers(dest="command", title="commands", metavar="COMMAND",
                                 parser_class=parser_class)
-    _environment_commands(sub)
-    _tree_commands(sub)
-    _family_commands(sub, parser_class)
+    for name, (about, add_arguments) in _COMMANDS.items():
+        if only is None or name == only:
+            add_arguments(_add(sub, name, about), parser_class)
     return parser
 
 
@@ -157,54 +163,66 @@ def _lock_timeout(p: argparse.ArgumentParser, default: float) -> None:
                         f"{default:g})")
 
 
-def _environment_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """The commands about the managed venv."""
-    from pathlib import Path
+def _json(p: argparse.ArgumentParser, help: str = "print one JSON object") -> None:
+    p.add_argument("--json", action="store_true", help=help)
 
-    p = _add(sub, "ensure", "make the environment ready; print the interpreter path")
-    p.add_argument("--json", action="store_true", help="print one JSON object, not the path")
+
+# -- the commands about the managed venv -------------------------------------------------------
+
+def _ensure(p: argparse.ArgumentParser, _: type[argparse.ArgumentParser]) -> None:
+    _json(p, "print one JSON object, not the path")
     p.add_argument("--strict", action="store_true", help="exit 3 when any skill failed")
     _lock_timeout(p, 300.0)
 
-    p = _add(sub, "status", "say whether the environment is ready, and why not (read-only)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
 
-    p = _add(sub, "repair", "verify the environment deeply and fix what is broken")
+def _status(p: argparse.ArgumentParser, _: type[argparse.ArgumentParser]) -> None:
+    _json(p)
+
+
+def _repair(p: argparse.ArgumentParser, _: type[argparse.ArgumentParser]) -> None:
     p.add_argument("--force", action="store_true", help="rebuild from scratch (staged)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    _json(p)
     _lock_timeout(p, 300.0)
 
-    p = _add(sub, "lock", "pin the runtime's requirements with hashes in the lock file")
+
+def _lock(p: argparse.ArgumentParser, _: type[argparse.ArgumentParser]) -> None:
     p.add_argument("--upgrade", action="store_true", help="re-resolve even if nothing changed, "
                    "taking the newest versions allowed")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    _json(p)
 
-    p = _add(sub, "gc", "remove leftovers of dead processes")
+
+def _gc(p: argparse.ArgumentParser, _: type[argparse.ArgumentParser]) -> None:
+    from pathlib import Path
+
     p.add_argument("--root", dest="roots", action="append", type=Path, default=[],
                    metavar="ROOT", help="also clean the publish state of this skill root "
                                         "(repeatable)")
     p.add_argument("--grace", type=_positive, default=30.0, metavar="SECONDS",
                    help="leave leftovers younger than this alone (default: 30)")
     _lock_timeout(p, 10.0)
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    _json(p)
 
-    p = _add(sub, "init", "write a commented starter config (default: ./kernel-bootstrap.toml)")
+
+def _init(p: argparse.ArgumentParser, _: type[argparse.ArgumentParser]) -> None:
     p.add_argument("--force", action="store_true", help="overwrite an existing file")
 
 
-def _tree_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """The commands that move skill trees."""
+# -- the commands that move skill trees --------------------------------------------------------
+
+def _publish(p: argparse.ArgumentParser, _: type[argparse.ArgumentParser]) -> None:
     from pathlib import Path
 
-    p = _add(sub, "publish", "install skill trees atomically into a skill root")
     p.add_argument("sources", nargs="+", type=Path, metavar="SRC", help="a skill directory")
     p.add_argument("--into", type=Path, required=True, metavar="ROOT",
                    help="the skill root agents read (required)")
     p.add_argument("--grace", type=_positive, default=30.0, metavar="SECONDS",
                    help="how long a replaced tree stays for its readers (default: 30)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    _json(p)
 
-    p = _add(sub, "push", "copy skill trees into runtimes as one tar stream")
+
+def _push(p: argparse.ArgumentParser, _: type[argparse.ArgumentParser]) -> None:
+    from pathlib import Path
+
     p.add_argument("sources", nargs="+", type=Path, metavar="SRC", help="a skill directory")
     p.add_argument("--dest", required=True, metavar="DIR",
                    help="the skill root inside each runtime (required)")
@@ -213,13 +231,12 @@ def _tree_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
                         "(repeatable; default: DIR on this machine)")
     p.add_argument("--jobs", type=_jobs, default=8, metavar="N",
                    help="runtimes pushed at once (default: 8)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    _json(p)
 
 
-def _family_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser],
-                     parser_class: type[argparse.ArgumentParser]) -> None:
-    """The kernelspec and snapshot families: a command with subcommands of its own."""
-    p = _add(sub, "kernelspec", "a Jupyter kernelspec for the managed interpreter")
+# -- the kernelspec and snapshot families: a command with subcommands of its own ------------
+
+def _kernelspec(p: argparse.ArgumentParser, parser_class: type[argparse.ArgumentParser]) -> None:
     ks = p.add_subparsers(dest="kernelspec_command", title="commands", metavar="COMMAND",
                           parser_class=parser_class)
     k = _add(ks, "install", "ensure, then write a kernelspec that runs the venv", depth=2)
@@ -232,19 +249,36 @@ def _family_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser],
                        help="the user's Jupyter data dir (the default)")
     where.add_argument("--prefix", type=_prefix, default=None,
                        help="PREFIX/share/jupyter/kernels, e.g. $CONDA_PREFIX (default: --user)")
-    k.add_argument("--json", action="store_true", help="print one JSON object")
+    _json(k)
 
-    p = _add(sub, "snapshot", "the snapshot store of prebuilt environments")
+
+def _snapshot(p: argparse.ArgumentParser, parser_class: type[argparse.ArgumentParser]) -> None:
     snap = p.add_subparsers(dest="snapshot_command", title="commands", metavar="COMMAND",
                             parser_class=parser_class)
     s = _add(snap, "list", "list the snapshots in the store", depth=2)
-    s.add_argument("--json", action="store_true", help="print one JSON object")
+    _json(s)
     s = _add(snap, "prune", "remove old snapshots", depth=2)
     s.add_argument("--keep", type=_count, default=None, metavar="N",
                    help="keep the newest N (default: keep all)")
     s.add_argument("--older-than", type=_positive, default=None, metavar="DAYS",
                    help="remove those older than this (default: any age)")
-    s.add_argument("--json", action="store_true", help="print one JSON object")
+    _json(s)
+
+
+# Every command in the order `-h` lists them: (its one-line description, its arguments).
+_COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser,
+                                          type[argparse.ArgumentParser]], None]]] = {
+    "ensure": ("make the environment ready; print the interpreter path", _ensure),
+    "status": ("say whether the environment is ready, and why not (read-only)", _status),
+    "repair": ("verify the environment deeply and fix what is broken", _repair),
+    "lock": ("pin the runtime's requirements with hashes in the lock file", _lock),
+    "gc": ("remove leftovers of dead processes", _gc),
+    "init": ("write a commented starter config (default: ./kernel-bootstrap.toml)", _init),
+    "publish": ("install skill trees atomically into a skill root", _publish),
+    "push": ("copy skill trees into runtimes as one tar stream", _push),
+    "kernelspec": ("a Jupyter kernelspec for the managed interpreter", _kernelspec),
+    "snapshot": ("the snapshot store of prebuilt environments", _snapshot),
+}
 
 
 _FAMILIES = {"kernelspec": ("kernelspec_command", "install"),
@@ -252,8 +286,34 @@ _FAMILIES = {"kernelspec": ("kernelspec_command", "install"),
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    """argv as the CLI reads it; raises _UsageError (exit 2) for anything it cannot run."""
-    parser = build_parser()
+    """argv as the CLI reads it; raises _UsageError (exit 2) for anything it cannot run.
+
+    Parsed by a parser of the one command named, when argv names one plainly; anything that
+    parser refuses, and every request for help, is parsed again by the full one, so messages
+    and help are always the full parser's own.
+    """
+    command = _command_named(argv)
+    if command is not None:
+        with contextlib.suppress(_UsageError):
+            return _checked(build_parser(only=command), argv)
+    return _checked(build_parser(), argv)
+
+
+def _command_named(argv: Sequence[str]) -> str | None:
+    """The command argv runs, read past the global options before it; None when unsure (or
+    when help is asked for: only the full parser can give that)."""
+    if any(t == "--help" or (t[:1] == "-" and t[1:2] != "-" and "h" in t) for t in argv):
+        return None
+    tokens = iter(argv)
+    for token in tokens:
+        if token in ("--config", "--log-format"):
+            next(tokens, None)  # its value
+        elif not token.startswith("-"):
+            return token if token in _COMMANDS else None
+    return None
+
+
+def _checked(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
     args = parser.parse_args(list(argv))
     _merge_globals(args)
     if args.command is None:
@@ -272,6 +332,25 @@ def _merge_globals(args: argparse.Namespace) -> None:
                 values[name] = values.pop(f"g{depth}_{name}")
     for name in _GLOBAL_COUNTS:
         values[name] = sum(values.pop(f"g{d}_{name}", 0) or 0 for d in _DEPTHS[1:]) + values[name]
+
+
+def run() -> NoReturn:
+    """The console script (and ``python -m bootstrap``): :func:`main`, then exit at once.
+
+    Tearing the interpreter down after a rebuild (every module's globals, filelock's exit
+    hooks) cost ~45 ms, a quarter of our own time on that path. Nothing of ours needs it:
+    locks, scratch trees and children are released by the code that took them before
+    :func:`main` returns, so only the standard streams are left to flush.
+    """
+    code = main()
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except OSError:
+        raise SystemExit(code) from None  # a closed pipe: let the interpreter report it
+    if "logging" in sys.modules:
+        sys.modules["logging"].shutdown()
+    os._exit(code)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

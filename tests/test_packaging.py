@@ -34,7 +34,7 @@ def test_the_wheel_ships_the_package_typed_and_licensed_without_the_uv_simulator
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     scripts = zipfile.ZipFile(wheel).read(entry_points).decode()
-    assert "kernel-bootstrap = bootstrap.cli:main" in scripts
+    assert "kernel-bootstrap = bootstrap.cli:run" in scripts
     assert "fake" not in scripts
 
 
