@@ -7,8 +7,6 @@ old bytes or the new bytes, never a mix, and a crash at any instant leaves one o
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import errno
 import os
 import sys
@@ -93,9 +91,13 @@ _renameat2: object = None
 
 
 def _load_renameat2() -> object:
+    # ctypes (~2 ms to import) only when a swap needs it; the interpreter's own symbols include
+    # libc's, where ctypes.util.find_library("c") would run `ldconfig -p` in a child.
+    import ctypes
+
     global _renameat2
     if _renameat2 is None:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        libc = ctypes.CDLL(None, use_errno=True)
         fn = getattr(libc, "renameat2", None)
         if fn is not None:
             fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
@@ -128,6 +130,8 @@ def exchange(a: Path, b: Path) -> bool:
         rc = fn(nr, _AT_FDCWD, src, _AT_FDCWD, dst, _RENAME_EXCHANGE)  # type: ignore[operator]
     if rc == 0:
         return True
+    import ctypes
+
     err = ctypes.get_errno()
     if err in _UNSUPPORTED:
         return False

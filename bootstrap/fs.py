@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import secrets
 import shutil
 import stat
 import sys
@@ -146,7 +145,8 @@ def fsync_dir(path: Path) -> None:
 def temp_name(path: Path, tag: str = "tmp") -> Path:
     """A unique hidden sibling of ``path`` naming its writer's pid, so leftovers can be traced
     to a process (and reaped once it is gone): ``.<name>.<tag>-<pid>-<token>``."""
-    return path.with_name(f".{path.name}.{tag}-{os.getpid()}-{secrets.token_hex(4)}")
+    # os.urandom, not secrets: the same bytes, without importing hmac and friends (~3 ms).
+    return path.with_name(f".{path.name}.{tag}-{os.getpid()}-{os.urandom(4).hex()}")
 
 
 def owner_pid(name: str, tag: str) -> int | None:
