@@ -65,15 +65,10 @@ def build(skills: Sequence[PythonSkill], uv: Uv, python: Path,
     come from the build cache when it has them; the others are built and go into it. Whatever
     is missing from the answer is for uv to build; this never raises for a skill's sake.
     """
-    if not enabled():
+    found = _keyed(skills, uv, python)
+    if found is None:
         return {}
-    batchable = [s for s in skills
-                 if s.build_system is not None and s.build_system[0] in BATCHED_BACKENDS]
-    if not batchable:
-        return {}
-    cache = buildcache.open_cache()
-    version = python_version(python.parent.parent) or os.path.realpath(python)
-    keys = {s.name: buildcache.key(s, version, uv.build_args) for s in batchable}
+    cache, batchable, keys = found
     wheels = _from_cache(cache, batchable, keys, workdir)
     misses = [s for s in batchable if s.name not in wheels]
     if not misses:
@@ -86,6 +81,39 @@ def build(skills: Sequence[PythonSkill], uv: Uv, python: Path,
         wheels.update(_build_groups([s for s in misses if s.name not in wheels], cache, keys,
                                     uv, python, workdir))
     return wheels
+
+
+def cached(skills: Sequence[PythonSkill], uv: Uv, python: Path,
+           workdir: Path) -> dict[str, Path]:
+    """The editable wheels of ``skills`` that the build cache holds, copied into ``workdir``:
+    {skill name: wheel path}. Builds nothing and starts no process."""
+    found = _keyed(skills, uv, python)
+    if found is None or found[0] is None:
+        return {}
+    cache, batchable, keys = found
+    return _from_cache(cache, batchable, keys, workdir)
+
+
+def prebuild(skills: Sequence[PythonSkill], uv: Uv, python: Path, workdir: Path) -> None:
+    """Put the wheels of ``skills`` into the build cache, building those it lacks; nothing
+    when the cache is unusable (the wheels would be thrown away with ``workdir``)."""
+    if buildcache.open_cache() is not None:
+        build(skills, uv, python, workdir)
+
+
+def _keyed(skills: Sequence[PythonSkill], uv: Uv, python: Path,
+           ) -> tuple[Cache | None, list[PythonSkill], dict[str, str]] | None:
+    """(the build cache, the skills this module builds, their cache keys); None when it
+    builds none of them."""
+    if not enabled():
+        return None
+    batchable = [s for s in skills
+                 if s.build_system is not None and s.build_system[0] in BATCHED_BACKENDS]
+    if not batchable:
+        return None
+    version = python_version(python.parent.parent) or os.path.realpath(python)
+    keys = {s.name: buildcache.key(s, version, uv.build_args) for s in batchable}
+    return buildcache.open_cache(), batchable, keys
 
 
 def _build_groups(misses: Sequence[PythonSkill], cache: Cache | None, keys: Mapping[str, str],

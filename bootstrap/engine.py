@@ -11,23 +11,23 @@ rebuilds.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
-from bootstrap import lock, lockfile, log, process, progress, snapshot, warm
+from bootstrap import lock, log, process, progress, warm
 from bootstrap.config import Config
-from bootstrap.errors import BootstrapError, ConfigError
+from bootstrap.errors import BootstrapError, ConfigError, UvError
 from bootstrap.fs import remove_quietly, removed_on_failure
 from bootstrap.identity import identity_of, runtime_inputs
-from bootstrap.marker import RuntimeRecord, base_marker, marker_path, write_marker
-from bootstrap.override import ensure_override
+from bootstrap.marker import RuntimeRecord, SkillRecord, base_marker, marker_path, write_marker
 from bootstrap.readiness import Status, status
 from bootstrap.requirements import validate_requirements
 from bootstrap.results import Action, EnsureResult
 from bootstrap.skillmd import SKILL_FILE
-from bootstrap.sync import sync_skills
+from bootstrap.sync import Riders, build_ahead, cached_riders, sync_skills
 from bootstrap.uv import Uv, make_uv
 from bootstrap.venv import (
     interpreter,
+    interrupted_rebuild,
     is_venv,
     python_version,
     recover,
@@ -35,6 +35,9 @@ from bootstrap.venv import (
     staging_path,
     swap_into_place,
 )
+
+if TYPE_CHECKING:
+    from bootstrap import snapshot
 
 CHECK_TIMEOUT: Final = 300.0
 
@@ -47,6 +50,8 @@ def ensure(config: Config, *, lock_timeout: float = 300.0, force: bool = False,
     names skills to reinstall even if uv believes them installed (``repair`` of a damaged one).
     """
     if config.override_python is not None:
+        from bootstrap.override import ensure_override
+
         return ensure_override(config)
     config_stamps = warm.stamps(_config_paths(config))
     venv_stamps = warm.stamps(_venv_paths(config))
@@ -58,9 +63,13 @@ def ensure(config: Config, *, lock_timeout: float = 300.0, force: bool = False,
         # Only a rebuild reads the requirements; a current runtime's were valid when it was
         # built (its identity covers them). Checked before the lock so nothing is created.
         validate_requirements(config)
-        lockfile.require_current(config)
+        _require_current_lock(config)
     with lock.hold(lock.lock_path(config.venv), lock_timeout):
         # Only here, under the lock: a staging tree is a leftover only if its builder is gone.
+        # One that is means a session died building the runtime: this one leaves the skills
+        # out of that step (see _install_runtime), so that the runtime lands (and is recorded)
+        # as soon as it can.
+        cut_short = interrupted_rebuild(config.venv)
         recover(config.venv)
         # Another process may have finished this while we waited for the lock.
         venv_stamps = warm.stamps(_venv_paths(config))
@@ -68,29 +77,32 @@ def ensure(config: Config, *, lock_timeout: float = 300.0, force: bool = False,
         if found.ready and not force and not reinstall:
             _remember(config, config_stamps + venv_stamps)
             return EnsureResult(found.python, config.venv, "ready")
-        return _make_ready(config, found, force, reinstall, config_stamps)
+        return _make_ready(config, found, force, reinstall, config_stamps,
+                           with_skills=not cut_short)
 
 
 def _make_ready(config: Config, found: Status, force: bool, reinstall: frozenset[str],
-                config_stamps: list[tuple[str, str]]) -> EnsureResult:
+                config_stamps: list[tuple[str, str]], *, with_skills: bool) -> EnsureResult:
     """Under the lock: sync the skills, after a rebuild (or restore) if the runtime needs one."""
     uv = make_uv(config.constraints, config.uv_args)
     skills_step = 1 if (found.pending or reinstall or found.stray) else 0
     snapshots: snapshot.Plan | None = None
     restored = False
+    rode: list[str] = []
     if found.base_current and not force and found.marker.data is not None:
         action: Action = "skills"
         runtime = found.marker.data["runtime"]
         progress.start(skills_step)
     else:
         validate_requirements(config)  # cheap when done already; the state may have moved
-        lockfile.require_current(config)
+        _require_current_lock(config)
         _say_why_rebuild(found, force)
         progress.start(2 + bool(config.requirements or config.lock) + skills_step)
-        snapshots = snapshot.plan(config, uv)
+        snapshots = _snapshot_plan(config, uv)
         action = "rebuild"
-        runtime, restored = rebuild(config, uv, snapshots)
+        runtime, restored, rode = rebuild(config, uv, snapshots, with_skills=with_skills)
     outcome = sync_skills(config, uv, runtime, reinstall)
+    outcome.installed[:0] = [n for n in rode if n not in outcome.installed]
     progress.finish("ready" if not outcome.failed
                     else f"ready; {len(outcome.failed)} skill(s) failed")
     if action == "rebuild" and snapshots and not restored and not outcome.failed:
@@ -100,6 +112,25 @@ def _make_ready(config: Config, found: Status, force: bool, reinstall: frozenset
         _remember(config, config_stamps + warm.stamps(_venv_paths(config)))
     return EnsureResult(interpreter(config.venv), config.venv, action,
                         tuple(outcome.installed), outcome.failed, tuple(outcome.removed))
+
+
+# The lock file and snapshot modules (with tarfile and tempfile, ~25 ms to import together) are
+# imported only by configs that use them: a rebuild without them should not pay for them.
+
+
+def _require_current_lock(config: Config) -> None:
+    if config.lock is not None:
+        from bootstrap import lockfile
+
+        lockfile.require_current(config)
+
+
+def _snapshot_plan(config: Config, uv: Uv) -> snapshot.Plan | None:
+    if config.snapshots is None:
+        return None
+    from bootstrap import snapshot
+
+    return snapshot.plan(config, uv)
 
 
 def _config_paths(config: Config) -> list[str]:
@@ -133,11 +164,13 @@ def _say_why_rebuild(found: Status, force: bool) -> None:
         log.info("building the runtime", venv=str(found.venv), why=why)
 
 
-def rebuild(config: Config, uv: Uv,
-            snapshots: snapshot.Plan | None = None) -> tuple[RuntimeRecord, bool]:
+def rebuild(config: Config, uv: Uv, snapshots: snapshot.Plan | None = None, *,
+            with_skills: bool = True) -> tuple[RuntimeRecord, bool, list[str]]:
     """Build a new venv beside the live one, validate it, write its base marker, swap it in.
 
     Restores the snapshot instead when the store has a usable one; the flag says which.
+    ``with_skills``: skills may be built and installed along with the runtime (see
+    :func:`_install_runtime`); the list names those installed (the base marker records them).
     """
     live = config.venv
     _refuse_foreign_directory(live)
@@ -145,19 +178,19 @@ def rebuild(config: Config, uv: Uv,
         progress.note("restoring a snapshot")
         restored = _restore(config, snapshots)
         if restored is not None:
-            return restored, True
+            return restored, True, []
     staged = staging_path(live)
+    skills: dict[str, SkillRecord] = {}
     with removed_on_failure(staged):
         progress.step("creating the venv")
         uv.create_venv(staged, config.python)
         if config.lock is not None:
             progress.step(f"installing the pinned runtime from {config.lock.name}")
+            from bootstrap import lockfile
+
             lockfile.install_locked(uv, interpreter(staged), config.lock)
         elif config.requirements:
-            progress.step(f"installing the runtime ({len(config.requirements)} requirements)")
-            log.info("installing the runtime", requirements=list(config.requirements))
-            uv.install(interpreter(staged), list(config.requirements),
-                       what="uv could not install the requirements")
+            skills = _install_runtime(config, uv, staged, with_skills)
         progress.step("checking the new venv")
         # uv cannot install into an interpreter without running it (it asks the interpreter
         # for its paths and markers): after the requirements landed, the bare "does it run"
@@ -166,10 +199,49 @@ def rebuild(config: Config, uv: Uv,
         runtime = _runtime_record(config, _validate(staged, config, ran=ran))
         # The base marker lands with the venv: a session killed during the skill sync leaves
         # a marker that says "runtime done", so the next one never rebuilds it.
-        write_marker(staged, base_marker(runtime))
+        write_marker(staged, base_marker(runtime, skills))
         method = swap_into_place(staged, live)
     log.info("runtime ready", venv=str(live), swap=method)
-    return runtime, False
+    return runtime, False, sorted(skills)
+
+
+def _install_runtime(config: Config, uv: Uv, staged: Path,
+                     with_skills: bool) -> dict[str, SkillRecord]:
+    """Install the runtime's requirements; return the marker records of skills installed
+    with them.
+
+    ``with_skills``: the skills the build cache holds go into the same uv call, and the others
+    are built (into that cache) while it runs; the sync then installs those without building.
+    If the call with skills fails, the runtime is installed alone (its own error is then the
+    one shown) and the skills are left to the sync, which finds the bad ones.
+    """
+    python = interpreter(staged)
+    what = "uv could not install the requirements"
+    log.info("installing the runtime", requirements=list(config.requirements))
+    if not with_skills:
+        progress.step(f"installing the runtime ({len(config.requirements)} requirements)")
+        uv.install(python, list(config.requirements), what=what)
+        return {}
+    with cached_riders(config, uv, python) as cached:
+        progress.step(_runtime_step(config, cached))
+        try:
+            with uv.installing(python, [*config.requirements, *cached.args()], what=what):
+                build_ahead(config, uv, python, cached.rest)
+            return cached.adopt(staged)
+        except UvError as e:
+            if not cached.skills:
+                raise
+            log.info("the runtime and the cached skills failed together; installing the "
+                     "runtime alone", error=e.tail)
+        uv.install(python, list(config.requirements), what=what)
+    return {}
+
+
+def _runtime_step(config: Config, cached: Riders) -> str:
+    text = f"installing the runtime ({len(config.requirements)} requirements)"
+    if cached.skills:
+        text += f" and {len(cached.skills)} skills from the build cache"
+    return text + (f"; building {len(cached.rest)} skills" if cached.rest else "")
 
 
 def _runtime_record(config: Config, version: str) -> RuntimeRecord:
@@ -183,6 +255,8 @@ def _restore(config: Config, snapshots: snapshot.Plan) -> RuntimeRecord | None:
 
     Anything wrong with it is a warning naming the archive and None: the caller builds.
     """
+    from bootstrap.archive import BadSnapshot
+
     staging = staging_path(config.venv)
     try:
         with removed_on_failure(staging):
@@ -190,7 +264,7 @@ def _restore(config: Config, snapshots: snapshot.Plan) -> RuntimeRecord | None:
             runtime = _runtime_record(config, _validate(venv, config))
             snapshots.adopt_marker(venv, runtime)
             method = swap_into_place(venv, config.venv)
-    except (snapshot.BadSnapshot, BootstrapError) as e:
+    except (BadSnapshot, BootstrapError) as e:
         log.warning("snapshot unusable; building the venv instead",
                     snapshot=str(snapshots.archive), error=str(e))
         return None

@@ -177,9 +177,10 @@ def _is_text(value: object) -> bool:
     return True
 
 
-def base_marker(runtime: RuntimeRecord) -> MarkerData:
-    """A marker for a freshly built runtime: no skills recorded yet."""
-    return {"schema": SCHEMA, "runtime": runtime, "skills": {}, "failed": {},
+def base_marker(runtime: RuntimeRecord,
+                skills: dict[str, SkillRecord] | None = None) -> MarkerData:
+    """A marker for a freshly built runtime, with the skills installed by the same uv call."""
+    return {"schema": SCHEMA, "runtime": runtime, "skills": dict(skills or {}), "failed": {},
             "updated": time.time()}
 
 

@@ -1,8 +1,9 @@
 """The one place child processes are started.
 
-:func:`run` runs a command to completion; :func:`streaming` starts one whose stdin we write
+:func:`run` runs a command to completion; :func:`background` runs one while we do other work
+(the runtime install while skills are built); :func:`streaming` starts one whose stdin we write
 while we work (``tar -x`` fed a vetted snapshot); :func:`feed` is the asyncio form of the same,
-for ``push``, where several runtimes stream at once. All three give the child a cleaned
+for ``push``, where several runtimes stream at once. All of them give the child a cleaned
 environment (see :func:`child_env`) and turn a failure into a
 :class:`~bootstrap.errors.ProcessError` naming the command and the tail of its stderr.
 """
@@ -95,6 +96,37 @@ def _not_started(argv: Sequence[str], e: OSError, what: str,
     if isinstance(e, FileNotFoundError):
         raise error(argv, 127, f"{e.filename}: not found", what or "could not start") from e
     raise error(argv, 126, str(e), what or "could not start") from e
+
+
+@contextlib.contextmanager
+def background(*cmd: str | Path, env: Mapping[str, str] | None = None, what: str = "",
+               error: type[ProcessError] = ProcessError) -> Iterator[None]:
+    """Start ``cmd``, run the block while it works, then wait for it: for a child whose work
+    overlaps ours. Its failure raises ``error`` (as :func:`run` would) once the block is done.
+
+    If the block raises, the child is killed first: what it was doing is no longer wanted.
+    """
+    import tempfile
+
+    argv = tuple(str(c) for c in cmd)
+    # stderr to a file, not a pipe: nobody reads a pipe while the block runs, and a child
+    # blocked on a full one would never finish.
+    with tempfile.TemporaryFile() as err:
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                    stderr=err, env=dict(env) if env is not None else child_env())
+        except OSError as e:
+            _not_started(argv, e, what, error)
+        try:
+            yield
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+        if proc.wait() != 0:
+            size = err.seek(0, os.SEEK_END)
+            err.seek(max(0, size - _TAIL_LIMIT))
+            raise error(argv, proc.returncode, err.read().decode(errors="replace"), what)
 
 
 @contextlib.contextmanager

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from collections.abc import Sequence
@@ -74,6 +75,14 @@ class Uv:
     def install(self, python: Path, args: Sequence[str | Path], what: str) -> process.Result:
         return self.run("pip", "install", "--python", python, *self.install_args, *args,
                         what=what)
+
+    def installing(self, python: Path, args: Sequence[str | Path],
+                   what: str) -> contextlib.AbstractContextManager[None]:
+        """:meth:`install` in the background, while the block runs (see process.background)."""
+        argv = ["pip", "install", "--python", python, *self.install_args, *args]
+        log.debug("uv", argv=[str(a) for a in argv])
+        return process.background(self.exe, *argv, env=environment(), what=what,
+                                  error=UvError)
 
     def uninstall(self, python: Path, projects: Sequence[str]) -> None:
         self.run("pip", "uninstall", "--python", python, *projects,

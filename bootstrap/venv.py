@@ -139,6 +139,13 @@ def _swap_failed(live: Path, had_venv: bool, e: OSError) -> BootstrapError:
                      f"{left}. {hint}", e)
 
 
+def interrupted_rebuild(live: Path) -> bool:
+    """Whether a staged rebuild of ``live`` was left behind by a writer that died (call it
+    under the bootstrap lock, before :func:`recover` reaps it)."""
+    prefix = f".{live.name}.{_STAGE}-"
+    return any(p.name.startswith(prefix) for p in leftovers(live))
+
+
 def recover(live: Path) -> list[str]:
     """Finish or roll back an interrupted rename-aside, then reap what dead writers left.
 

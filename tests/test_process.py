@@ -65,3 +65,34 @@ def test_feed_returns_stdout_and_reports_a_local_error_after_the_child_ends() ->
     assert ok == "done\n"
     with pytest.raises(BootstrapError, match="the source vanished"):
         asyncio.run(process.feed(cmd, chunks(), ("shown",), "push failed"))
+
+
+def test_background_runs_the_child_while_the_block_works_and_waits_for_it(
+        tmp_path: Path) -> None:
+    started, done = tmp_path / "started", tmp_path / "done"
+    with process.background("sh", "-c", f"touch {started}; sleep 0.3; touch {done}", what="x"):
+        deadline = time.monotonic() + 10
+        while not started.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert started.exists() and not done.exists()  # both at work at once
+    assert done.exists()  # and the block's end waited for the child
+
+
+def test_a_failing_background_child_fails_after_the_block_with_its_stderr_tail() -> None:
+    ran = []
+    with pytest.raises(ProcessError) as failed, \
+            process.background("sh", "-c", "echo 'no space' >&2; exit 5", what="uv failed"):
+        ran.append(True)
+    assert ran == [True]
+    assert failed.value.returncode == 5
+    assert str(failed.value).startswith("uv failed (exit code 5)")
+    assert "no space" in str(failed.value)
+
+
+def test_an_error_in_the_background_block_kills_the_child(tmp_path: Path) -> None:
+    marker = tmp_path / "finished"
+    with pytest.raises(KeyboardInterrupt), \
+            process.background("sh", "-c", f"sleep 1; touch {marker}", what="x"):
+        raise KeyboardInterrupt
+    time.sleep(1.5)
+    assert not marker.exists()

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from testing.processes import kill_group, start, wait_for
-from tests.integration.conftest import RealWorld
+from testing.uvlog import Call
+from tests.integration.conftest import HANG_BACKEND, RealWorld
 
 # Waits while a HANG file sits in the project (a build a test can kill), then records the build.
 COUNT_HOOK = textwrap.dedent("""\
@@ -149,3 +150,81 @@ def test_gc_prunes_entries_of_skills_that_are_gone(real: RealWorld) -> None:
     assert len([d for d in json.loads(result.stdout)["done"] if "build cache" in d]) == 1
     assert len(cache_entries(real)) == 2
     assert os.path.isdir(real.venv)
+
+
+def pip_installs(real: RealWorld) -> list[Call]:
+    return [c for c in real.uv_calls() if c[:2] == ["pip", "install"]]
+
+
+def test_a_new_venv_for_built_skills_installs_them_with_its_runtime_in_one_uv_call(
+        real: RealWorld) -> None:
+    counted(real, *NAMES)
+    runtime = real.runtime_package()
+    real.write_config(requirements=[runtime])
+    real.ensure()
+    real.clear_log()
+    out = new_venv(real, "venv2")
+    assert sorted(out["installed"]) == NAMES and out["failed"] == []
+    [call] = pip_installs(real)  # one uv call: the runtime and the cached wheels together
+    assert runtime in call and call.wheels == 3
+    assert real.build_env_calls() == [] and builds(real) == Counter(NAMES)
+    assert imports_in(real, "venv2", "kb_runtime_demo", *NAMES)
+    status = real.run("status", "--json", env={"KERNEL_BOOTSTRAP_VENV": str(real.root / "venv2")})
+    assert json.loads(status.stdout)["ready"] is True
+    # Recorded as uv records an editable it built: a later `uv pip install -e` is a no-op.
+    marker = json.loads((real.root / "venv2" / ".bootstrap-version").read_text())
+    assert sorted(marker["skills"]) == NAMES and "attempt" not in marker
+
+
+def test_a_session_killed_in_the_runtime_call_leaves_the_skills_to_their_own_call(
+        real: RealWorld) -> None:
+    """After a session died building the runtime, the next one installs the runtime alone
+    first, so that it lands (and is recorded) as soon as it can."""
+    counted(real, *NAMES)
+    runtime = real.runtime_package()
+    real.write_config(requirements=[runtime])
+    real.ensure()
+    package = real.root / "runtime" / "kb-runtime-demo"
+    (package / "hang_backend.py").write_text(HANG_BACKEND)
+    text = (package / "pyproject.toml").read_text()
+    (package / "pyproject.toml").write_text(text.replace(
+        'build-backend = "hatchling.build"',
+        'build-backend = "hang_backend"\nbackend-path = ["."]'))
+    (package / "HANG").write_text("")  # uv builds the changed runtime, and hangs there
+    real.clear_log()
+    venv2 = {"KERNEL_BOOTSTRAP_VENV": str(real.root / "venv2")}
+    proc = start(real, env=venv2)
+    try:
+        wait_for(lambda: any(c.wheels == 3 for c in pip_installs(real)), 90, proc)
+    finally:
+        kill_group(proc)
+    (package / "HANG").unlink()
+    real.clear_log()
+    out = new_venv(real, "venv2")
+    assert sorted(out["installed"]) == NAMES
+    runtime_call, skills_call = pip_installs(real)
+    assert runtime in runtime_call and runtime_call.wheels == 0
+    assert skills_call.wheels == 3 and runtime not in skills_call
+    assert builds(real) == Counter(NAMES)
+    assert imports_in(real, "venv2", "kb_runtime_demo", *NAMES)
+
+
+def test_a_cached_skill_that_cannot_install_fails_alone_and_the_runtime_still_lands(
+        real: RealWorld) -> None:
+    counted(real, *NAMES)
+    real.skill("delta", deps=["alpha>=99"])  # no such alpha: uv cannot resolve it
+    runtime = real.runtime_package()
+    real.write_config(requirements=[runtime])
+    first = real.ensure("--json")
+    assert [f["name"] for f in json.loads(first.stdout)["failed"]] == ["delta"]
+    assert len(cache_entries(real)) == 4, first.stderr
+    real.clear_log()
+    out = new_venv(real, "venv2")
+    assert sorted(out["installed"]) == NAMES
+    assert [f["name"] for f in out["failed"]] == ["delta"]
+    assert "alpha" in out["failed"][0]["error"]
+    together, *rest = pip_installs(real)
+    assert runtime in together and together.wheels == 4  # it failed: nothing was installed
+    assert runtime in rest[0] and rest[0].wheels == 0  # then the runtime alone
+    assert real.build_env_calls() == []  # every wheel came from the cache
+    assert imports_in(real, "venv2", "kb_runtime_demo", *NAMES)
