@@ -30,6 +30,7 @@ import argparse
 import functools
 import os
 import re
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -45,6 +46,7 @@ import bench_growth
 import bench_kill
 from bench_lib import (
     BASE_PYTHON,
+    BIN,
     KERNEL_BOOTSTRAP,
     REPO,
     RUNTIME,
@@ -73,6 +75,8 @@ from bench_lib import (
 from bench_report import Results, Table, Verdict, draw, load_curves, machine, ms, ratio, secs
 from bench_report import write_markdown as write_blocks
 
+# What `kernel-bootstrap ensure` imports when it rebuilds (checked against -X importtime).
+REBUILD_IMPORTS = ("bootstrap.cli", "bootstrap.commands.ensure", "bootstrap.lock", "filelock")
 FIGURES = ("warm-cli", "inprocess", "cold", "rebuild", "kill", "kill-load", "growth-warm",
            "growth-cold", "push")
 # Modules the warm path must not import (each costs ~5-100 ms to import on this kind of machine).
@@ -234,34 +238,54 @@ def fig_rebuild(ws: Workspace, s: Settings, out: Results) -> None:
     uv_alone = ["bash", "-c", 'set -e; "$0" venv --quiet --python "$1" "$2"; '
                 '"$0" pip install --quiet --python "$2/bin/python" -r "$3"',
                 str(ws.uv), BASE_PYTHON, str(uv_venv), str(reqs)]
+    # What no Python tool can avoid: uv alone, after an interpreter has started and imported
+    # what our rebuild imports. Our own work is what lies between this line and ours.
+    imports = f"import os, {', '.join(REBUILD_IMPORTS)}; os._exit(0)"
+    floor = ["bash", "-c", f'{shlex.quote(str(BIN / "python"))} -c {shlex.quote(imports)} && '
+             'exec "$@"', "floor", *uv_alone]
     check(ours_argv(world))  # builds the skills into our cache
     check(uv_alone)  # and into uv's
 
+    # The removal's deferred disk work (~9,000 inodes) is flushed before the clock starts:
+    # otherwise it lands in whichever run comes next and swings it by 2x here.
     def ours() -> Timing:
         rmtree(world.venv)
+        os.sync()
         return run_timed(ours_argv(world))
 
     def uv() -> Timing:
         rmtree(uv_venv)
+        os.sync()
         return run_timed(uv_alone)
+
+    def uv_after_imports() -> Timing:
+        rmtree(uv_venv)
+        os.sync()
+        return run_timed(floor)
     variants = {"`kernel-bootstrap ensure`, new venv, skills in its build cache": ours,
-                "uv alone: `uv venv`, one `uv pip install -r` (runtime + 6 `-e`)": uv}
+                "uv alone: `uv venv`, one `uv pip install -r` (runtime + 6 `-e`)": uv,
+                "uv alone after our interpreter start and imports": uv_after_imports}
     times = interleave(variants, s.cold_rounds * 2 + 1)
-    runs_ours, runs_uv = times.values()
+    runs_ours, runs_uv, runs_floor = times.values()
     wall_uv = median(t.wall for t in runs_uv)
     rows = [[name, secs(median(t.wall for t in runs)),
              ratio(median(t.wall for t in runs), wall_uv), secs(median(t.cpu for t in runs))]
             for name, runs in times.items()]
     wall_ours = median(t.wall for t in runs_ours)
+    wall_floor = median(t.wall for t in runs_floor)
     out.tables["rebuild"] = [Table(
         "Issue 13, 1: a new venv for 6 Python skills built before, both caches warm",
         ["command", "median wall s", "vs uv alone", "median CPU s"], rows,
         [f"Median of {len(runs_ours)} interleaved rounds; the venv is removed before each run "
          f"(same skill paths, so uv's cache and ours both hold the builds). Runtime "
-         f"`{' '.join(RUNTIME)}` from uv's cache on both sides."])]
+         f"`{' '.join(RUNTIME)}` from uv's cache on both sides. The removal is flushed "
+         f"(`sync`) before each run. The third row starts the interpreter and imports the "
+         f"modules our rebuild imports ({', '.join(REBUILD_IMPORTS)}), then runs uv alone: "
+         f"the least any tool built on them can cost."])]
     out.verdicts.append(Verdict(
         "13.1 new venv, skills built before, vs uv alone", "<= 1.2x (goal 0.8x)",
-        f"{wall_ours / wall_uv:.2f}x ({secs(wall_ours)} vs {secs(wall_uv)} s)",
+        f"{wall_ours / wall_uv:.2f}x ({secs(wall_ours)} vs {secs(wall_uv)} s); uv alone "
+        f"after our imports {wall_floor / wall_uv:.2f}x",
         wall_ours / wall_uv <= 1.2))
 
 
