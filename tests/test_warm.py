@@ -137,6 +137,29 @@ def test_the_warm_path_imports_nothing_but_what_it_did(tmp_path: Path) -> None:
     assert imported("--log-format", "json", "ensure", "--config", str(world.config)) == plain
 
 
+def test_the_console_script_warm_imports_only_our_three_modules(tmp_path: Path) -> None:
+    """As the console script runs it (`from bootstrap.cli import run; run()`), a warm ensure
+    imports nothing beyond what `python -c pass` does but bootstrap, its cli and warm modules
+    (-m would hide it: runpy itself imports contextlib, functools and more)."""
+    import subprocess
+    import sys
+
+    world = World(tmp_path)
+    world.ensure()
+
+    def imported(code: str, *args: str) -> set[str]:
+        result = subprocess.run([sys.executable, "-X", "importtime", "-c", code, *args],
+                                capture_output=True, text=True, env=world.env, check=True)
+        return {line.rsplit("|", 1)[1].strip() for line in result.stderr.splitlines()
+                if line.startswith("import time:") and "|" in line} - {"imported package"}
+
+    baseline = imported("pass")
+    warm_start = imported("from bootstrap.cli import run; run()", "ensure", "--config",
+                          str(world.config))
+    assert warm_start - baseline == {"__future__", "bootstrap", "bootstrap.cli",
+                                     "bootstrap.warm"}
+
+
 def test_a_pyproject_config_is_warm_and_editing_it_invalidates(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     world = World(tmp_path)
