@@ -56,7 +56,7 @@ def test_top_level_help_describes_the_tool_and_ends_with_exit_codes_and_environm
                                      ["publish"], ["push"], ["kernelspec", "install"],
                                      ["snapshot", "list"], ["snapshot", "prune"]])
 def test_every_option_has_help_and_every_value_option_its_default(command: list[str]) -> None:
-    from bootstrap.cli import build_parser
+    from bootstrap.arguments import build_parser
 
     parser = build_parser()
     for name in command:

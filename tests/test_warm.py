@@ -12,7 +12,7 @@ import platformdirs
 import pytest
 
 from bootstrap import warm
-from bootstrap.cli import _UsageError, build_parser, parse_args
+from bootstrap.arguments import UsageError, build_parser, parse_args
 from bootstrap.config import find_config_file
 from testing.world import World
 
@@ -89,7 +89,7 @@ FORMS = [
 def _real_parse(argv: list[str]) -> tuple[str | None, bool] | None:
     try:
         args = parse_args(argv)
-    except (_UsageError, SystemExit):
+    except (UsageError, SystemExit):
         return None
     if args.command != "ensure":
         return None
@@ -201,7 +201,7 @@ def test_lock_timeout_values_are_judged_by_one_rule(text: str) -> None:
     try:
         real: float | None = build_parser().parse_args(
             ["ensure", "--lock-timeout", text]).lock_timeout
-    except (_UsageError, SystemExit):
+    except (UsageError, SystemExit):
         real = None
     assert warm.parse_seconds(text) == real
 
