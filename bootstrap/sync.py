@@ -169,10 +169,10 @@ def cached_riders(config: Config, uv: Uv, python: Path) -> Iterator[Riders]:
     """The configured skills that can ride along with a rebuild's runtime install: every
     one whose wheel (and whose configured dependencies' wheels) the build cache holds.
 
-    A new venv for skills built before then costs one uv call, not two: uv resolves and links
-    them with the runtime (measured on 6 cached skills: the second call and its start cost
-    ~60 ms, a fifth of uv's whole run; see docs/architecture.md). The venv is still staged, so
-    a session killed in that call loses only what a kill during the runtime install loses.
+    A new venv for skills built before then costs one uv install, not two: uv resolves and
+    links them with the runtime (measured on 6 cached skills: a second call cost 60-100 ms
+    with its start, 10-25% of uv's whole run here). The venv is still staged, so a session
+    killed in that call loses only what a kill during the runtime install loses.
     """
     skills = [load_python_skill(s) for s in config.python_skills]
     usable = [s for s in skills if not s.problem]
