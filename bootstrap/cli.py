@@ -30,8 +30,9 @@ def run() -> NoReturn:
     """
     code = main()
     try:
-        sys.stdout.flush()
-        sys.stderr.flush()
+        for stream in (sys.stdout, sys.stderr):
+            if stream is not None:  # None: started with that descriptor closed
+                stream.flush()
     except OSError:
         raise SystemExit(code) from None  # a closed pipe: let the interpreter report it
     if "logging" in sys.modules:

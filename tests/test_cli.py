@@ -167,3 +167,18 @@ def test_the_readme_python_push_example_runs_as_written(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("docker exec -i box True")
     assert (dest / "pdf" / "SKILL.md").is_file()
+
+
+@pytest.mark.parametrize("command", ["ensure", "status"])
+def test_a_run_started_with_stdout_closed_still_succeeds(world: World, command: str) -> None:
+    """A launcher that closes our stdout (`>&-`) gets the exit code, not a traceback: the
+    console script's fast exit flushes only the streams that exist."""
+    import os
+
+    world.ensure()  # then ensure answers on the warm path, status on the full one
+    result = subprocess.run(
+        [sys.executable, "-c", "from bootstrap.cli import run; run()", command,
+         "--config", str(world.config)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=world.env,
+        preexec_fn=lambda: os.close(1), check=False)
+    assert (result.returncode, "Traceback" in result.stderr) == (0, False), result.stderr
