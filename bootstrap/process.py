@@ -112,21 +112,11 @@ def background(*cmd: str | Path, env: Mapping[str, str] | None = None, what: str
     # stderr to a file, not a pipe: nobody reads a pipe while the block runs, and a child
     # blocked on a full one would never finish.
     with tempfile.TemporaryFile() as err:
-        try:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                    stderr=err, env=dict(env) if env is not None else child_env())
-        except OSError as e:
-            _not_started(argv, e, what, error)
-        try:
+        proc = _started(argv, subprocess.DEVNULL, err,
+                        dict(env) if env is not None else child_env(), what, error)
+        with _killed_if_raised(proc):
             yield
-        except BaseException:
-            proc.kill()
-            proc.wait()
-            raise
-        if proc.wait() != 0:
-            size = err.seek(0, os.SEEK_END)
-            err.seek(max(0, size - _TAIL_LIMIT))
-            raise error(argv, proc.returncode, err.read().decode(errors="replace"), what)
+        _raise_if_failed(proc, err, argv, what, error)
 
 
 @contextlib.contextmanager
@@ -140,26 +130,44 @@ def streaming(*cmd: str | Path, what: str) -> Iterator[IO[bytes]]:
 
     argv = tuple(str(c) for c in cmd)
     with tempfile.TemporaryFile() as err:
-        try:
-            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                                    stderr=err, env=child_env())
-        except OSError as e:
-            _not_started(argv, e, what)
+        proc = _started(argv, subprocess.PIPE, err, child_env(), what, ProcessError)
         assert proc.stdin is not None, "BUG: a pipe was requested"
-        try:
-            with contextlib.suppress(BrokenPipeError):
-                try:
-                    yield proc.stdin
-                finally:
-                    proc.stdin.close()
-        except BaseException:
-            proc.kill()
-            proc.wait()
-            raise
-        if proc.wait() != 0:
-            size = err.seek(0, os.SEEK_END)  # the child wrote through its own copy of the fd
-            err.seek(max(0, size - _TAIL_LIMIT))
-            raise ProcessError(argv, proc.returncode, err.read().decode(errors="replace"), what)
+        with _killed_if_raised(proc), contextlib.suppress(BrokenPipeError):
+            try:
+                yield proc.stdin
+            finally:
+                proc.stdin.close()
+        _raise_if_failed(proc, err, argv, what, ProcessError)
+
+
+def _started(argv: tuple[str, ...], stdin: int, err: IO[bytes], env: dict[str, str], what: str,
+             error: type[ProcessError]) -> subprocess.Popen[bytes]:
+    """``argv`` started with its stderr to the file ``err`` and its stdout discarded."""
+    try:
+        return subprocess.Popen(argv, stdin=stdin, stdout=subprocess.DEVNULL, stderr=err,
+                                env=env)
+    except OSError as e:
+        _not_started(argv, e, what, error)
+
+
+@contextlib.contextmanager
+def _killed_if_raised(proc: subprocess.Popen[bytes]) -> Iterator[None]:
+    """Kill and reap ``proc`` if the block raises: what it was doing is no longer wanted."""
+    try:
+        yield
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+
+
+def _raise_if_failed(proc: subprocess.Popen[bytes], err: IO[bytes], argv: Sequence[str],
+                     what: str, error: type[ProcessError]) -> None:
+    """Wait for ``proc``; if it failed, raise ``error`` with the tail of its stderr file."""
+    if proc.wait() != 0:
+        size = err.seek(0, os.SEEK_END)  # the child wrote through its own copy of the fd
+        err.seek(max(0, size - _TAIL_LIMIT))
+        raise error(tuple(argv), proc.returncode, err.read().decode(errors="replace"), what)
 
 
 async def feed(cmd: Sequence[str], chunks: Iterator[bytes], shown: Sequence[str],

@@ -73,16 +73,18 @@ class Uv:
                  what=f"uv could not create the venv at {path}")
 
     def install(self, python: Path, args: Sequence[str | Path], what: str) -> process.Result:
-        return self.run("pip", "install", "--python", python, *self.install_args, *args,
-                        what=what)
+        return self.run(*self._install(python, args), what=what)
 
     def installing(self, python: Path, args: Sequence[str | Path],
                    what: str) -> contextlib.AbstractContextManager[None]:
         """:meth:`install` in the background, while the block runs (see process.background)."""
-        argv = ["pip", "install", "--python", python, *self.install_args, *args]
+        argv = self._install(python, args)
         log.debug("uv", argv=[str(a) for a in argv])
         return process.background(self.exe, *argv, env=environment(), what=what,
                                   error=UvError)
+
+    def _install(self, python: Path, args: Sequence[str | Path]) -> list[str | Path]:
+        return ["pip", "install", "--python", python, *self.install_args, *args]
 
     def uninstall(self, python: Path, projects: Sequence[str]) -> None:
         self.run("pip", "uninstall", "--python", python, *projects,
