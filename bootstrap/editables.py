@@ -53,6 +53,10 @@ _SWITCH: Final = "KERNEL_BOOTSTRAP_BATCH_BUILDS"
 _CACHE_KEY_FILES: Final = ("pyproject.toml", "setup.py", "setup.cfg")
 
 
+# (the build cache, the skills this module builds, their cache keys)
+_Keyed = tuple[Cache | None, list[PythonSkill], dict[str, str]]
+
+
 def enabled() -> bool:
     return os.environ.get(_SWITCH, "1").strip().lower() not in ("0", "false", "no", "off")
 
@@ -66,8 +70,10 @@ def build(skills: Sequence[PythonSkill], uv: Uv, python: Path,
     is missing from the answer is for uv to build; this never raises for a skill's sake.
     """
     found = _keyed(skills, uv, python)
-    if found is None:
-        return {}
+    return _fill(found, uv, python, workdir) if found is not None else {}
+
+
+def _fill(found: _Keyed, uv: Uv, python: Path, workdir: Path) -> dict[str, Path]:
     cache, batchable, keys = found
     wheels = _from_cache(cache, batchable, keys, workdir)
     misses = [s for s in batchable if s.name not in wheels]
@@ -97,12 +103,12 @@ def cached(skills: Sequence[PythonSkill], uv: Uv, python: Path,
 def prebuild(skills: Sequence[PythonSkill], uv: Uv, python: Path, workdir: Path) -> None:
     """Put the wheels of ``skills`` into the build cache, building those it lacks; nothing
     when the cache is unusable (the wheels would be thrown away with ``workdir``)."""
-    if buildcache.open_cache() is not None:
-        build(skills, uv, python, workdir)
+    found = _keyed(skills, uv, python)
+    if found is not None and found[0] is not None:
+        _fill(found, uv, python, workdir)
 
 
-def _keyed(skills: Sequence[PythonSkill], uv: Uv, python: Path,
-           ) -> tuple[Cache | None, list[PythonSkill], dict[str, str]] | None:
+def _keyed(skills: Sequence[PythonSkill], uv: Uv, python: Path) -> _Keyed | None:
     """(the build cache, the skills this module builds, their cache keys); None when it
     builds none of them."""
     if not enabled():
