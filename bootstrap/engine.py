@@ -10,6 +10,7 @@ rebuilds.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
@@ -218,11 +219,8 @@ def _install_runtime(config: Config, uv: Uv, staged: Path,
     python = interpreter(staged)
     what = "uv could not install the requirements"
     log.info("installing the runtime", requirements=list(config.requirements))
-    if not with_skills:
-        progress.step(f"installing the runtime ({len(config.requirements)} requirements)")
-        uv.install(python, list(config.requirements), what=what)
-        return {}
-    with cached_riders(config, uv, python) as cached:
+    riders = cached_riders(config, uv, python) if with_skills else nullcontext(Riders())
+    with riders as cached:
         progress.step(_runtime_step(config, cached))
         try:
             with uv.installing(python, [*config.requirements, *cached.args()], what=what):
