@@ -118,8 +118,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("-V", "--version", action="version",
                         version=f"kernel-bootstrap {__version__}")
     _globals(parser, 0)
-    sub = parser.add_subparsers(dest="command", title="commands", metavar="COMMAND",
-                                parser_class=parser_class)
+    sub = _subcommands(parser, "command", parser_class)
     for name, (about, add_arguments) in _COMMANDS.items():
         if only is None or name == only:
             add_arguments(_add(sub, name, about), parser_class)
@@ -206,9 +205,15 @@ def _push(p: argparse.ArgumentParser, _: type[argparse.ArgumentParser]) -> None:
 
 # -- the kernelspec and snapshot families: a command with subcommands of its own ------------
 
+def _subcommands(p: argparse.ArgumentParser, dest: str,
+                 parser_class: type[argparse.ArgumentParser],
+                 ) -> argparse._SubParsersAction[argparse.ArgumentParser]:
+    return p.add_subparsers(dest=dest, title="commands", metavar="COMMAND",
+                            parser_class=parser_class)
+
+
 def _kernelspec(p: argparse.ArgumentParser, parser_class: type[argparse.ArgumentParser]) -> None:
-    ks = p.add_subparsers(dest="kernelspec_command", title="commands", metavar="COMMAND",
-                          parser_class=parser_class)
+    ks = _subcommands(p, "kernelspec_command", parser_class)
     k = _add(ks, "install", "ensure, then write a kernelspec that runs the venv", depth=2)
     k.add_argument("--name", default="kernel-bootstrap",
                    help="kernel name, its directory's name (default: kernel-bootstrap)")
@@ -223,8 +228,7 @@ def _kernelspec(p: argparse.ArgumentParser, parser_class: type[argparse.Argument
 
 
 def _snapshot(p: argparse.ArgumentParser, parser_class: type[argparse.ArgumentParser]) -> None:
-    snap = p.add_subparsers(dest="snapshot_command", title="commands", metavar="COMMAND",
-                            parser_class=parser_class)
+    snap = _subcommands(p, "snapshot_command", parser_class)
     s = _add(snap, "list", "list the snapshots in the store", depth=2)
     _json(s)
     s = _add(snap, "prune", "remove old snapshots", depth=2)
