@@ -21,12 +21,12 @@ __version__ = "0.1.0.dev0"
 _LAZY = {
     "Config": "bootstrap.config",
     "load_config": "bootstrap.config",
-    "ensure": "bootstrap.engine",
-    "EnsureResult": "bootstrap.results",
-    "status": "bootstrap.readiness",
-    "repair": "bootstrap.repair",
-    "publish": "bootstrap.publish",
-    "push": "bootstrap.push",
+    "ensure": "bootstrap.engine.ensure",
+    "EnsureResult": "bootstrap.engine.results",
+    "status": "bootstrap.engine.status",
+    "repair": "bootstrap.engine.repair",
+    "publish": "bootstrap.trees.publish",
+    "push": "bootstrap.trees.push",
     "BootstrapError": "bootstrap.errors",
     "ConfigError": "bootstrap.errors",
     "SkillError": "bootstrap.errors",
@@ -53,9 +53,9 @@ __all__ = [
 
 if TYPE_CHECKING:
     from bootstrap.config import Config, load_config
-    from bootstrap.engine import ensure
+    from bootstrap.engine.ensure import ensure
+    from bootstrap.engine.results import EnsureResult
     from bootstrap.errors import BootstrapError, ConfigError, LockTimeout, SkillError, UvError
-    from bootstrap.results import EnsureResult
 
 
 def __getattr__(name: str) -> object:

@@ -47,8 +47,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     warm_exit = try_cli(args_list)
     if warm_exit is not None:
         return warm_exit
-    from bootstrap import log
     from bootstrap.arguments import UsageError, parse_args
+    from bootstrap.primitives import log
 
     try:
         args = parse_args(args_list)
@@ -81,7 +81,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         return _dispatch(args)
     finally:
-        progress = sys.modules.get("bootstrap.progress")
+        progress = sys.modules.get("bootstrap.primitives.progress")
         if progress is not None:
             # A step cut short by an error or ^C: end its live line before the message.
             progress.stop()

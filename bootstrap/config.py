@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from bootstrap.cloud import Bucket, bucket_url
 from bootstrap.errors import ConfigError, SkillError
-from bootstrap.skillmd import check_skill_dir
+from bootstrap.snapshots.cloud import Bucket, bucket_url
+from bootstrap.trees.skillmd import check_skill_dir
 
 DEFAULT_FILE: Final = "kernel-bootstrap.toml"
 PYPROJECT: Final = "pyproject.toml"
@@ -378,7 +378,6 @@ def _matches_nothing(pattern: str, full: Path, file: Path, index: int) -> None:
     if not _exists(root, file, f"skills[{index}]", "dir"):
         raise ConfigError(f"{source_name(file)}: skills[{index}]: the pattern {pattern!r} "
                           f"matches nothing: {root} does not exist (a typo?)")
-    from bootstrap import log
-
+    from bootstrap.primitives import log
     log.warning("a skills pattern matches no skill", pattern=pattern, directory=str(root),
                 config=source_name(file))

@@ -78,7 +78,7 @@ def save(config_file: str, venv: str, python: str, stamped: list[tuple[str, str]
         return
     from pathlib import Path
 
-    from bootstrap.atomic import write_atomic
+    from bootstrap.primitives.atomic import write_atomic
 
     text = render(config_file, venv, python, stamped)
     # Every warm in-process ensure() lands here; rewriting identical bytes cost an fsync'd
@@ -102,9 +102,9 @@ def forget(config_file: str) -> None:
 
 
 def _read(path: str) -> str | None:
-    """The fingerprint's text, read as ``bootstrap.fs.read_state_file`` reads our state files
+    """The fingerprint's text, read as ``fs.read_state_file`` reads our state files
     (never through a symlink, never blocking on a FIFO, regular files only, capped), with
-    ``os`` alone: importing bootstrap.fs costs more than the whole warm path."""
+    ``os`` alone: importing bootstrap.primitives.fs costs more than the whole warm path."""
     flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
     try:
         fd = os.open(path, flags)

@@ -4,7 +4,7 @@ Figures (``--only`` takes a comma-separated list of these names):
 
 - ``warm-cli``     warm ``kernel-bootstrap ensure`` vs ``python -c pass`` vs uv's own no-op
                    (6 Python skills), and what the warm path imports (``-X importtime``);
-- ``inprocess``    in-process warm ``bootstrap.engine.ensure(config)``, 10 skills (timeit);
+- ``inprocess``    in-process warm ``bootstrap.engine.ensure.ensure(config)``, 10 skills (timeit);
 - ``cold``         cold ``ensure`` of 8 Python skills vs one ``uv pip install -e`` per skill;
 - ``rebuild``      a new venv for 6 skills built before (both build caches warm) vs uv alone;
 - ``kill``         sessions SIGKILLed every 1.5 s and 3 s on 12 skills: sessions until ready;
@@ -76,7 +76,8 @@ from bench_report import Results, Table, Verdict, draw, load_curves, machine, ms
 from bench_report import write_markdown as write_blocks
 
 # What `kernel-bootstrap ensure` imports when it rebuilds (checked against -X importtime).
-REBUILD_IMPORTS = ("bootstrap.cli", "bootstrap.commands.ensure", "bootstrap.lock", "filelock")
+REBUILD_IMPORTS = ("bootstrap.cli", "bootstrap.commands.ensure", "bootstrap.primitives.lock",
+                   "filelock")
 FIGURES = ("warm-cli", "inprocess", "cold", "rebuild", "kill", "kill-load", "growth-warm",
            "growth-cold", "push")
 # Modules the warm path must not import (each costs ~5-100 ms to import on this kind of machine).
@@ -166,8 +167,8 @@ def import_table(world: World) -> tuple[Table, list[str]]:
 def fig_inprocess(ws: Workspace, s: Settings, out: Results) -> None:
     from bootstrap import warm
     from bootstrap.config import load_config
-    from bootstrap.engine import ensure
-    from bootstrap.readiness import status
+    from bootstrap.engine.ensure import ensure
+    from bootstrap.engine.status import status
 
     world = make_world(ws, "inprocess", 10)
     check(ours_argv(world))
@@ -176,8 +177,9 @@ def fig_inprocess(ws: Workspace, s: Settings, out: Results) -> None:
     if ensure(config).action != "ready":
         raise RuntimeError("in-process ensure is not warm after a cold CLI run")
     variants = {
-        "`bootstrap.engine.ensure(config)` (warm)": per_call(lambda: ensure(config)),
-        "`bootstrap.readiness.status(config)` (its ready check)": per_call(lambda: status(config)),
+        "`bootstrap.engine.ensure.ensure(config)` (warm)": per_call(lambda: ensure(config)),
+        "`bootstrap.engine.status.status(config)` (its ready check)":
+            per_call(lambda: status(config)),
         "`bootstrap.config.load_config(path)` (once per process, not part of the call)":
             per_call(lambda: load_config(world.config)),
         "`bootstrap.warm.check(config_file)` (the CLI's fingerprint check)":

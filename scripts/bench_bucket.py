@@ -33,7 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_snapshot import _DROPPED, BIN, RUNTIME, SKILLS, ensure, make_skills
 
-from bootstrap.fs import remove_quietly
+from bootstrap.primitives.fs import remove_quietly
 from testing import s3server
 
 BUCKET = "fleet"
@@ -81,8 +81,8 @@ def timed(step: Callable[[], object]) -> tuple[float, float]:
 
 def extract_local(archive: Path, into: Path) -> None:
     """Our restore's extraction alone: the vetting reader (decoding zstd) into tar -x."""
-    from bootstrap import compression
-    from bootstrap.archive import extract, open_snapshot
+    from bootstrap.snapshots import compression
+    from bootstrap.snapshots.archive import extract, open_snapshot
 
     with archive.open("rb", buffering=0) as f:
         _, reader = open_snapshot(compression.decoded(f), archive)
@@ -94,8 +94,7 @@ def download_and_untar(env: dict[str, str], name: str, into: Path) -> None:
     """The physical copy: stream the object to a file as `aws s3 cp` would, then tar -x."""
     import obstore
 
-    from bootstrap import cloud
-
+    from bootstrap.snapshots import cloud
     saved = dict(os.environ)
     os.environ.update(env)
     try:

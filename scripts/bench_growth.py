@@ -35,7 +35,7 @@ def _stamp_all(paths: list[str]) -> None:
 def fig_growth_warm(ws: Workspace, s: Settings, out: Results) -> None:
     from bootstrap import warm
     from bootstrap.config import load_config
-    from bootstrap.engine import ensure
+    from bootstrap.engine.ensure import ensure
 
     sizes = (1, 10, 50, 100)
     worlds = {n: make_world(ws, f"growth-warm{n}", n) for n in sizes}

@@ -335,7 +335,7 @@ def per_call(fn: Callable[[], object], budget: float = 0.05) -> Callable[[], flo
 
 
 def settle() -> None:
-    """Wait until files just written count as settled for bootstrap.python_skill's hash cache (it
+    """Wait until files just written count as settled for skills/python_skill.py's hash cache (it
     caches a pyproject's digest only once the file is 2 s old)."""
     time.sleep(2.1)
 
@@ -368,7 +368,7 @@ class UvCall:
 
     @property
     def fills_build_env(self) -> bool:
-        """Creates or fills a build environment of bootstrap.editables, not a kernel venv."""
+        """Creates or fills a build environment of bootstrap.skills.builds, not a kernel venv."""
         return any(re.search(r"\.work-\d+-[0-9a-f]+/build-\d+/env", a) for a in self.argv)
 
     @property

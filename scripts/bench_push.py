@@ -28,9 +28,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 # Imported after the sys.path line, so the script runs from a checkout without installing.
-from bootstrap.push import load_trees
-from bootstrap.runtimes import ExecRuntime
-from bootstrap.skilltree import SkillTree
+from bootstrap.trees.push import load_trees
+from bootstrap.trees.skilltree import SkillTree
+from bootstrap.trees.targets import ExecRuntime
 from testing.skills import make_skill
 
 SIZES = (32, 128)

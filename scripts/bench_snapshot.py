@@ -10,7 +10,7 @@ Side by side in one run, interleaved round by round, medians and ratios:
 
     .venv/bin/python scripts/bench_snapshot.py --reader
 
-Offline: the header cost of bootstrap.tar.Reader (vetting included) against tarfile listing
+Offline: the header cost of primitives/tar.py's Reader (vetting included) against tarfile listing
 the same 12,000-member archive (the size of a 9k-file venv's): why the reader is hand-written.
 Everything lives in a temporary directory: HOME, XDG dirs and UV_CACHE_DIR point there.
 
@@ -140,8 +140,8 @@ def reader_vs_tarfile(root: Path, rounds: int, members: int = 12_000) -> int:
     """Microseconds per header: our vetting reader vs tarfile, same archive, medians."""
     import tarfile
 
-    from bootstrap.archive import open_snapshot
-    from bootstrap.tar import write_archive
+    from bootstrap.primitives.tar import write_archive
+    from bootstrap.snapshots.archive import open_snapshot
 
     tree = root / "venv"
     for i in range(members):
@@ -164,9 +164,9 @@ def reader_vs_tarfile(root: Path, rounds: int, members: int = 12_000) -> int:
         with tarfile.open(archive) as tar:
             tar.getmembers()
 
-    times: dict[str, list[float]] = {"bootstrap.tar.Reader": [], "tarfile": []}
+    times: dict[str, list[float]] = {"bootstrap.primitives.tar.Reader": [], "tarfile": []}
     for _ in range(rounds):
-        for label, read in (("bootstrap.tar.Reader", ours), ("tarfile", theirs)):
+        for label, read in (("bootstrap.primitives.tar.Reader", ours), ("tarfile", theirs)):
             started = time.perf_counter()
             read()
             times[label].append(time.perf_counter() - started)

@@ -154,9 +154,9 @@ def _summary(call: str, paths: list[str]) -> dict[str, Any]:
 
 def seam_patches(run: SeamRun) -> list[tuple[object, str, object]]:
     """(object, attribute, replacement) for every seam; the caller applies them."""
-    import bootstrap.atomic
-    import bootstrap.skilltree
-    import bootstrap.swap
+    import bootstrap.primitives.atomic
+    import bootstrap.primitives.swap
+    import bootstrap.trees.skilltree
 
     calls = {r.call for r in run.rules}
     patches: list[tuple[object, str, object]] = []
@@ -182,8 +182,8 @@ def seam_patches(run: SeamRun) -> list[tuple[object, str, object]]:
     for name in ("replace", "rename"):
         patches.append((os, name, wrap(name, getattr(os, name), two,
                                        lambda a, *_: _read(os.fsdecode(a)))))
-    exchange = wrap("exchange", bootstrap.atomic.exchange, two, lambda *_: b"")
-    patches.append((bootstrap.swap, "exchange", exchange))
+    exchange = wrap("exchange", bootstrap.primitives.atomic.exchange, two, lambda *_: b"")
+    patches.append((bootstrap.primitives.swap, "exchange", exchange))
     if "write" in calls:
         patches.append((os, "write", wrap("write", os.write, lambda fd, *_: [_fd_path(fd)],
                                           lambda fd, data, *_: bytes(data))))
@@ -191,8 +191,8 @@ def seam_patches(run: SeamRun) -> list[tuple[object, str, object]]:
         patches.append((os, "fsync", wrap("fsync", os.fsync, lambda fd, *_: [_fd_path(fd)],
                                           lambda fd, *_: _read(_fd_path(fd)))))
     if "syncfs" in calls:
-        patches.append((bootstrap.skilltree, "_sync_fs",
-                        wrap("syncfs", bootstrap.skilltree._sync_fs,
+        patches.append((bootstrap.trees.skilltree, "_sync_fs",
+                        wrap("syncfs", bootstrap.trees.skilltree._sync_fs,
                              lambda p, *_: [os.fsdecode(p)], lambda *_: b"")))
     return patches
 

@@ -65,8 +65,7 @@ def library_logging() -> Iterator[None]:
     ran the CLI in process would otherwise decide where the next test's warnings go, and which
     test ran before depends on how the suite is split over workers.
     """
-    from bootstrap import log
-
+    from bootstrap.primitives import log
     log.use_stdlib_logging()
     yield
     log.use_stdlib_logging()

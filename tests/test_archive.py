@@ -13,7 +13,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from bootstrap.archive import MANIFEST, BadSnapshot, extract, open_snapshot
+from bootstrap.snapshots.archive import MANIFEST, BadSnapshot, extract, open_snapshot
 
 # Small alphabets, so generated links often name each other and chain; a few names and
 # targets are seeded with the shapes that matter (the interpreter links, climbing chains).

@@ -1,4 +1,4 @@
-"""The build cache (bootstrap.buildcache) in process: keys, atomic publish, corrupt entries, locks
+"""The build cache (skills/buildcache.py) in process: keys, atomic publish, corrupt entries, locks
 and pruning. With the real uv, tests/integration/test_build_cache.py."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap import _editable_worker, buildcache
 from bootstrap.config import Skill
-from bootstrap.python_skill import PythonSkill, load_python_skill
+from bootstrap.skills import _build_worker, buildcache
+from bootstrap.skills.python_skill import PythonSkill, load_python_skill
 from testing.skills import Package, make_skill
 
 PY = "3.12.3"
@@ -47,7 +47,7 @@ def publish(cache: buildcache.Cache, skill: PythonSkill, data: bytes = b"PK whee
     wheel = staging / f"{skill.project}-0.1.0-py3-none-any.whl"
     wheel.write_bytes(data)
     item = {"out": str(staging), "entry": str(cache.entry(k)), "meta": cache.metadata(skill)}
-    _editable_worker._publish(item, str(wheel))
+    _build_worker._publish(item, str(wheel))
     return cache.entry(k)
 
 
@@ -116,7 +116,7 @@ def test_a_second_publish_of_the_same_key_keeps_the_first(
     staging.mkdir()
     (staging / "alpha-0.1.0-py3-none-any.whl").write_bytes(b"second")
     item = {"out": str(staging), "entry": str(entry), "meta": cache.metadata(skill)}
-    kept = _editable_worker._publish(item, str(staging / "alpha-0.1.0-py3-none-any.whl"))
+    kept = _build_worker._publish(item, str(staging / "alpha-0.1.0-py3-none-any.whl"))
     assert kept == str(staging / "alpha-0.1.0-py3-none-any.whl")  # ours, for this session
     assert (entry / "alpha-0.1.0-py3-none-any.whl").read_bytes() == b"first"
 
@@ -162,7 +162,7 @@ def test_an_unwritable_cache_is_no_cache(tmp_path: Path, monkeypatch: pytest.Mon
 HOLD = """
 import sys, time
 from pathlib import Path
-from bootstrap.lock import hold
+from bootstrap.primitives.lock import hold
 with hold(Path(sys.argv[1]), 5, purpose="build"):
     print("held", flush=True)
     time.sleep(float(sys.argv[2]))

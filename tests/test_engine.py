@@ -283,15 +283,16 @@ def test_a_venv_whose_parent_cannot_hold_scratch_space_still_syncs_skills(
     # Scratch space goes beside the venv; a parent that refuses it (a venv provisioned under
     # a directory the user cannot write) must not fail the sync. As root a read-only mode does
     # not refuse anything, so the refusal is injected at the seam: the scratch path.
-    from bootstrap import engine, sync
     from bootstrap.config import load_config
+    from bootstrap.engine import ensure
+    from bootstrap.skills import sync
 
     world.ensure()
     world.skill("gamma")
     for var, value in world.env.items():
         monkeypatch.setenv(var, value)
     monkeypatch.setattr(sync, "work_path", lambda venv: world.root / "absent" / "work")
-    result = engine.ensure(load_config(world.config))
+    result = ensure.ensure(load_config(world.config))
     assert result.action == "skills" and result.installed == ("gamma",)
     assert world.imports("gamma")
     assert not (world.root / "absent").exists()

@@ -27,18 +27,18 @@ from pathlib import Path
 
 import pytest
 
-import bootstrap.skilltree as skilltree
-from bootstrap import log
-from bootstrap.atomic import WRITE_ATTEMPTS
+import bootstrap.trees.skilltree as skilltree
 from bootstrap.cli import main
 from bootstrap.config import load_config
-from bootstrap.engine import ensure
+from bootstrap.engine.ensure import ensure
+from bootstrap.engine.status import status
+from bootstrap.env.marker import read_marker
+from bootstrap.env.venv import leftovers
 from bootstrap.errors import BootstrapError
-from bootstrap.marker import read_marker
-from bootstrap.publish import publish, state_dir
-from bootstrap.readiness import status
-from bootstrap.skilltree import load_skill_tree, tree_hash
-from bootstrap.venv import leftovers
+from bootstrap.primitives import log
+from bootstrap.primitives.atomic import WRITE_ATTEMPTS
+from bootstrap.trees.publish import publish, state_dir
+from bootstrap.trees.skilltree import load_skill_tree, tree_hash
 from testing.seams import Seam, apply_seams
 from testing.skills import versioned_skill
 from testing.world import World

@@ -1,4 +1,4 @@
-"""bootstrap.fs: what its primitives do to files another process can see."""
+"""bootstrap.primitives.fs: what its primitives do to files another process can see."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap.fs import (
+from bootstrap.primitives.fs import (
     NotRegularFile,
     is_real_dir,
     owner_pid,

@@ -21,12 +21,12 @@ from hypothesis import strategies as st
 
 from bootstrap.commands.status import render, status_dict
 from bootstrap.config import Config, config_from_dict, load_config
+from bootstrap.engine.status import status
+from bootstrap.env.identity import SCHEMA, identity_of, runtime_inputs
+from bootstrap.env.marker import MAX_DEPTH, base_marker, marker_path, read_marker
 from bootstrap.errors import ConfigError, SkillError
-from bootstrap.identity import SCHEMA, identity_of, runtime_inputs
-from bootstrap.lock import LockInfo, holder_path, read_holder
-from bootstrap.marker import MAX_DEPTH, base_marker, marker_path, read_marker
-from bootstrap.readiness import status
-from bootstrap.skillmd import SKILL_FILE, check_skill_dir, name_problem, parse_front_matter
+from bootstrap.primitives.lock import LockInfo, holder_path, read_holder
+from bootstrap.trees.skillmd import SKILL_FILE, check_skill_dir, name_problem, parse_front_matter
 
 # The autouse home guard is function-scoped, but it only points HOME at a temporary directory:
 # sharing one across the examples of a test is exactly what we want.
@@ -109,7 +109,7 @@ def ready_marker(config: Config) -> dict[str, Any]:
     data: dict[str, Any] = dict(base_marker({
         "identity": identity_of(inputs), "inputs": dict(inputs),
         "python": str(config.venv / "bin" / "python")}))
-    from bootstrap.python_skill import pyproject_hash
+    from bootstrap.skills.python_skill import pyproject_hash
 
     for skill in config.skills:
         data["skills"][skill.name] = {"path": str(skill.path), "pyproject": pyproject_hash(skill),
@@ -154,7 +154,7 @@ def depth_of(value: Any) -> int:
 
 
 def well_formed(obj: Any) -> bool:
-    """The marker contract, written independently of bootstrap.marker."""
+    """The marker contract, written independently of bootstrap.env.marker."""
 
     def text(value: Any) -> bool:
         if not isinstance(value, str):

@@ -259,9 +259,9 @@ def test_a_file_swapped_for_a_link_out_after_validation_leaks_nothing(
     tmp_path: Path, transport: str, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    import bootstrap.publish as pub
-    import bootstrap.push as push
-    from bootstrap.skilltree import SkillTree, tree_hash
+    import bootstrap.trees.publish as pub
+    import bootstrap.trees.push as push
+    from bootstrap.trees.skilltree import SkillTree, tree_hash
 
     src = skill(tmp_path)
     secret = tmp_path / "secret.txt"

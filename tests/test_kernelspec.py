@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from bootstrap import kernelspec
 from bootstrap.config import config_from_dict
+from bootstrap.env import kernelspec
 from bootstrap.errors import ConfigError
 from testing.seams import Seam, seam_env
 from testing.world import World
@@ -208,7 +208,7 @@ import json, sys
 from pathlib import Path
 from testing.seams import install_seams_from_env
 install_seams_from_env()
-from bootstrap import kernelspec
+from bootstrap.env import kernelspec
 spec = json.loads(sys.argv[2])
 kernelspec.install_spec(Path(sys.argv[1]), "agent", spec)
 """

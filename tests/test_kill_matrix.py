@@ -33,9 +33,9 @@ from typing import Any
 import pytest
 
 from bootstrap.config import load_config
-from bootstrap.marker import read_marker
-from bootstrap.readiness import status
-from bootstrap.venv import leftovers
+from bootstrap.engine.status import status
+from bootstrap.env.marker import read_marker
+from bootstrap.env.venv import leftovers
 from testing.processes import kill_group, spawn, wait_for
 from testing.seams import Seam, read_trace, seam_argv, seam_env
 from testing.world import World

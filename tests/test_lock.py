@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap.lock import holder_path, lock_path, probe
+from bootstrap.primitives.lock import holder_path, lock_path, probe
 from testing.world import World
 
 HOLDER = (
     "import sys, time\n"
     "from pathlib import Path\n"
-    "from bootstrap.lock import hold, lock_path\n"
+    "from bootstrap.primitives.lock import hold, lock_path\n"
     "with hold(lock_path(Path(sys.argv[1])), 60):\n"
     "    print('held', flush=True)\n"
     "    time.sleep(float(sys.argv[2]))\n"

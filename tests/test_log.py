@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap import log
+from bootstrap.primitives import log
 from testing.processes import run_with_tty_stderr
 from testing.world import World
 
@@ -133,7 +133,7 @@ def test_is_json_follows_the_format_flag_and_the_terminal(monkeypatch: pytest.Mo
 
 PROGRESS_SCRIPT = """
 import sys, time
-from bootstrap import log, progress
+from bootstrap.primitives import log, progress
 log.configure(int(sys.argv[1]), None if sys.argv[2] == "-" else sys.argv[2])
 progress.note("waiting for pid 123")
 progress.start(3)
@@ -192,7 +192,7 @@ def test_progress_is_coloured_on_a_terminal_unless_no_color() -> None:
 
 SLOW_STEP = """
 import sys, time
-from bootstrap import log, progress
+from bootstrap.primitives import log, progress
 log.configure(0, None)
 progress.start(1)
 progress.step("slow step")
@@ -226,8 +226,7 @@ def test_progress_says_nothing_when_piped_quiet_or_json(verbosity: int, fmt: str
 
 
 def test_progress_never_raises_on_a_closed_stderr(monkeypatch: pytest.MonkeyPatch) -> None:
-    from bootstrap import progress
-
+    from bootstrap.primitives import progress
     class ClosedTerminal(io.StringIO):
         def isatty(self) -> bool:
             return True

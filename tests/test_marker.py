@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from bootstrap import marker as m
-from bootstrap.atomic import write_atomic
-from bootstrap.identity import SCHEMA
+from bootstrap.env import marker as m
+from bootstrap.env.identity import SCHEMA
+from bootstrap.primitives.atomic import write_atomic
 from testing.world import World
 
 RUNTIME: m.RuntimeRecord = {"identity": "sha256:abc", "inputs": {}, "python": "/v/bin/python"}

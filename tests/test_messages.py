@@ -65,7 +65,7 @@ def test_a_wrong_kernel_bootstrap_uv_names_the_variable_and_the_way_out(world: W
 HOLDER = """
 import sys, time
 from pathlib import Path
-from bootstrap.lock import hold, lock_path
+from bootstrap.primitives.lock import hold, lock_path
 with hold(lock_path(Path(sys.argv[1])), 60):
     print("held", flush=True)
     time.sleep(60)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap.probe import ProbeResult, unmet_requirements
+from bootstrap.env.probe import ProbeResult, unmet_requirements
 from testing.world import World
 
 

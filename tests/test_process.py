@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap import process
 from bootstrap.errors import BootstrapError, ProcessError
+from bootstrap.primitives import process
 
 
 def test_streaming_hands_the_child_everything_written(tmp_path: Path) -> None:

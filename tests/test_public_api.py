@@ -16,7 +16,7 @@ def test_every_exported_name_resolves(name: str) -> None:
 
 
 def test_status_is_the_read_only_check() -> None:
-    from bootstrap.readiness import status
+    from bootstrap.engine.status import status
 
     assert bootstrap.status is status
 

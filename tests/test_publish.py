@@ -23,13 +23,13 @@ from pathlib import Path
 import pytest
 
 import bootstrap
-import bootstrap.publish as pub
-import bootstrap.skilltree as skilltree
-from bootstrap import log
+import bootstrap.trees.publish as pub
+import bootstrap.trees.skilltree as skilltree
 from bootstrap.cli import main
-from bootstrap.fs import remove_tree
-from bootstrap.publish import gc_publish_state, publish, state_dir
-from bootstrap.skilltree import load_skill_tree, tree_hash
+from bootstrap.primitives import log
+from bootstrap.primitives.fs import remove_tree
+from bootstrap.trees.publish import gc_publish_state, publish, state_dir
+from bootstrap.trees.skilltree import load_skill_tree, tree_hash
 from testing.processes import sampling
 from testing.skills import versioned_skill
 
@@ -330,7 +330,7 @@ def test_a_publish_killed_mid_copy_leaves_one_copy_after_the_next(
 _CRASH_BETWEEN_RENAMES = """
 import os, signal, sys
 from pathlib import Path
-import bootstrap.publish as pub
+import bootstrap.trees.publish as pub
 
 real = os.rename
 

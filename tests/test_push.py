@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from bootstrap.cli import main
-from bootstrap.push import push, push_sync
-from bootstrap.runtimes import PushedSkill, PushReport, runtime_for
-from bootstrap.skilltree import SkillTree
+from bootstrap.trees.push import push, push_sync
+from bootstrap.trees.skilltree import SkillTree
+from bootstrap.trees.targets import PushedSkill, PushReport, runtime_for
 from testing.processes import peak_rss_run
 from testing.skills import make_skill
 
@@ -409,7 +409,7 @@ class _Interrupt(KeyboardInterrupt):
 
 def test_interrupt_mid_stream_stops_the_runtime_and_changes_nothing(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import bootstrap.runtimes as runtimes
+    import bootstrap.trees.targets as runtimes
 
     src = make_skill(tmp_path / "src", "tool", {"big.bin": "x" * 3_000_000, "v.txt": "new"})
     dest = tmp_path / "dest"

@@ -158,8 +158,8 @@ def test_a_cold_machine_is_built(tmp_path: Path) -> None:
 
 
 def test_a_failing_probe_names_its_purpose_not_its_whole_script(tmp_path: Path) -> None:
+    from bootstrap.env.probe import probe
     from bootstrap.errors import ProcessError
-    from bootstrap.probe import probe
 
     broken = tmp_path / "python"
     broken.write_text("#!/bin/sh\necho 'cannot start' >&2\nexit 1\n")

@@ -19,7 +19,7 @@ from testing.world import World
 def test_requirements_are_judged_as_pep_508_judges_them(tmp_path: Path, text: str) -> None:
     from packaging.requirements import InvalidRequirement, Requirement
 
-    from bootstrap.requirements import validate_requirements
+    from bootstrap.env.requirements import validate_requirements
 
     world = World(tmp_path)
     world.write_config(requirements=[text])

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from bootstrap.errors import ConfigError
-from bootstrap.push import load_trees, push_sync
-from bootstrap.runtimes import (
+from bootstrap.trees.push import load_trees, push_sync
+from bootstrap.trees.targets import (
     COMPLETE_MARKER,
     ExecRuntime,
     LocalRuntime,

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from bootstrap.env.venv import interpreter, recover, staging_path, swap_into_place
 from bootstrap.errors import BootstrapError
-from bootstrap.venv import interpreter, recover, staging_path, swap_into_place
 from testing.processes import kill_group, start, wait_for
 from testing.world import World
 
@@ -122,7 +122,7 @@ def test_scripts_installed_by_a_requirement_run_from_the_final_path(world: World
 
 def test_a_script_naming_its_staging_path_is_refused_before_the_swap(tmp_path: Path) -> None:
     from bootstrap.config import Config
-    from bootstrap.engine import _validate
+    from bootstrap.engine.ensure import _validate
 
     staged = tmp_path / ".venv.stage-1-aa"
     (staged / "bin").mkdir(parents=True)
@@ -220,7 +220,7 @@ def rename(src, dst):
         os.kill(os.getpid(), signal.SIGKILL)
     real(src, dst)
 os.rename = rename
-from bootstrap.venv import swap_into_place
+from bootstrap.env.venv import swap_into_place
 swap_into_place(Path(sys.argv[2]), Path(sys.argv[3]))
 """
 
@@ -291,7 +291,7 @@ def test_a_swap_that_fails_on_the_second_rename_puts_the_old_venv_back_at_once(
 
     with monkeypatch.context() as m:
         m.setenv("KERNEL_BOOTSTRAP_NO_EXCHANGE", "1")
-        m.setattr("bootstrap.venv.os.rename", rename)
+        m.setattr("bootstrap.env.venv.os.rename", rename)
         with pytest.raises(OSError, match="cross-device"):
             swap_into_place(staged, live)
     assert tag(live) == "old"
@@ -310,7 +310,7 @@ def test_a_venv_that_cannot_be_moved_aside_is_left_as_it_was_with_a_clear_error(
 
     with monkeypatch.context() as m:
         m.setenv("KERNEL_BOOTSTRAP_NO_EXCHANGE", "1")
-        m.setattr("bootstrap.venv.os.rename", rename)
+        m.setattr("bootstrap.env.venv.os.rename", rename)
         with pytest.raises(BootstrapError, match="Is a kernel running from it"):
             swap_into_place(staged, live)
     assert tag(live) == "old"

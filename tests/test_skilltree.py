@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bootstrap.errors import SkillError
-from bootstrap.skilltree import (
+from bootstrap.trees.skilltree import (
     Entry,
     SkillTree,
     check_collisions,

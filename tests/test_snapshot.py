@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from bootstrap.config import default_python
-from bootstrap.snapshot import MANIFEST, BadSnapshot, Platform, Store, platform_of
-from bootstrap.uv import Uv
+from bootstrap.env.uv import Uv
+from bootstrap.snapshots.store import MANIFEST, BadSnapshot, Platform, Store, platform_of
 from testing.uvlog import fake_uv_shim
 from testing.world import World
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap.publish import publish, state_dir
+from bootstrap.trees.publish import publish, state_dir
 from testing.processes import sampling, spawn, start
 from testing.skills import Package, make_skill
 from testing.world import World

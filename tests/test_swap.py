@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap import log, swap
-from bootstrap.fs import temp_name
+from bootstrap.primitives import log, swap
+from bootstrap.primitives.fs import temp_name
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -89,7 +89,7 @@ def rename(src, dst):
     real(src, dst)
 os.rename = rename
 top = Path(sys.argv[2])
-from bootstrap import log, swap
+from bootstrap.primitives import log, swap
 swap.swap_in(site(top), top / "staging" / "new", top / "live" / "t")
 """
 

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from bootstrap import marker as m
 from bootstrap.config import Skill
-from bootstrap.python_skill import PythonSkill
-from bootstrap.sync import _group_size
+from bootstrap.env import marker as m
+from bootstrap.skills.python_skill import PythonSkill
+from bootstrap.skills.sync import _group_size
 
 RUNTIME: m.RuntimeRecord = {"identity": "sha256:abc", "inputs": {}, "python": "/v/bin/python"}
 

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap.fs import temp_name
-from bootstrap.venv import (
+from bootstrap.env.venv import (
     interpreter,
     is_venv,
     leftovers,
@@ -17,6 +16,7 @@ from bootstrap.venv import (
     sibling,
     staging_path,
 )
+from bootstrap.primitives.fs import temp_name
 
 
 @pytest.mark.parametrize(("platform", "parts"), [
@@ -29,7 +29,7 @@ def test_the_interpreter_path_follows_the_platform_layout(
 ) -> None:
     venv = Path("/srv/kernel/venv")
     with monkeypatch.context() as m:
-        m.setattr("bootstrap.venv.sys.platform", platform)
+        m.setattr("bootstrap.env.venv.sys.platform", platform)
         assert interpreter(venv) == venv.joinpath(*parts)
         assert scripts_dir(venv) == venv / parts[0]
 

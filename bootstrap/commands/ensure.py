@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bootstrap import progress
 from bootstrap.config import load_config
-from bootstrap.engine import ensure as run_ensure
+from bootstrap.engine.ensure import ensure as run_ensure
 from bootstrap.errors import EXIT_OK, EXIT_SKILLS_FAILED
+from bootstrap.primitives import progress
 
 
 def ensure(config_path: Path | None, *, as_json: bool, strict: bool, lock_timeout: float) -> int:

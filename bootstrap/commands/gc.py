@@ -7,21 +7,21 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from bootstrap import lock
 from bootstrap.config import find_config_file, load_config
+from bootstrap.env.venv import recover
 from bootstrap.errors import EXIT_OK
-from bootstrap.venv import recover
+from bootstrap.primitives import lock
 
 
 def gc(config_path: Path | None, *, as_json: bool, roots: Sequence[Path] = (),
        grace: float = 30.0, lock_timeout: float = 10.0) -> int:
     """Clean beside the config's venv (when there is a config) and beside each ``--root``."""
-    from bootstrap.buildcache import prune
+    from bootstrap.skills.buildcache import prune
 
     # The build cache is the user's, not the config's: pruned whichever venv (if any) we serve.
     done: list[str] = prune()
     if roots:
-        from bootstrap.publish import gc_publish_state
+        from bootstrap.trees.publish import gc_publish_state
 
         for root in roots:
             done += [f"removed {p}" for p in gc_publish_state(root.absolute(), grace,

@@ -51,7 +51,7 @@ requirements = ["ipykernel"]
 def init(config_path: Path | None, *, force: bool) -> int:
     """Write :data:`STARTER` to ``config_path`` (default ``./kernel-bootstrap.toml``); an
     existing file is an error (exit 2) unless ``force``."""
-    from bootstrap.atomic import write_atomic
+    from bootstrap.primitives.atomic import write_atomic
 
     path = config_path if config_path is not None else Path(DEFAULT_FILE)
     if path.name == PYPROJECT:

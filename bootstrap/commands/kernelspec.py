@@ -5,16 +5,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bootstrap import log
 from bootstrap.config import load_config
 from bootstrap.errors import EXIT_OK
+from bootstrap.primitives import log
 
 
 def install(config_path: Path | None, *, name: str, display_name: str | None, user: bool,
             prefix: Path | None, as_json: bool) -> int:
     """``user`` is the default location; it is a flag only so that it can be said explicitly."""
-    from bootstrap import kernelspec
-    from bootstrap.engine import ensure
+    from bootstrap.engine.ensure import ensure
+    from bootstrap.env import kernelspec
 
     del user  # the user's data dir is what we use whenever no --prefix is given
     kernel = kernelspec.check_name(name)

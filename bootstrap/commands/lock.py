@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 from bootstrap.config import load_config
+from bootstrap.env.pins import write
 from bootstrap.errors import EXIT_OK
-from bootstrap.lockfile import write
 
 
 def lock(config_path: Path | None, *, upgrade: bool, as_json: bool) -> int:

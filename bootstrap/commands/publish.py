@@ -10,7 +10,7 @@ from bootstrap.errors import EXIT_OK
 
 
 def publish(sources: Sequence[Path], into: Path, grace: float, as_json: bool) -> int:
-    from bootstrap.publish import publish as publish_trees
+    from bootstrap.trees.publish import publish as publish_trees
 
     results = publish_trees(sources, into, grace=grace)
     if as_json:

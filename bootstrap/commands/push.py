@@ -20,8 +20,8 @@ def push(sources: Sequence[Path], dest: str, execs: Sequence[str], jobs: int,
     # asyncio (~35 ms) is paid by push only, never by ``import bootstrap``.
     import asyncio
 
-    from bootstrap.push import push as push_async
-    from bootstrap.runtimes import runtime_for
+    from bootstrap.trees.push import push as push_async
+    from bootstrap.trees.targets import runtime_for
 
     runtimes = [runtime_for(p) for p in execs] if execs else [runtime_for(None)]
     reports = asyncio.run(push_async(sources, dest, runtimes, jobs))

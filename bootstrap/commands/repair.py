@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 from bootstrap.config import load_config
+from bootstrap.engine.repair import RepairReport
+from bootstrap.engine.repair import repair as run_repair
 from bootstrap.errors import EXIT_FAILED, EXIT_OK
-from bootstrap.repair import RepairReport
-from bootstrap.repair import repair as run_repair
 
 
 def repair(config_path: Path | None, *, force: bool, as_json: bool, lock_timeout: float) -> int:

@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING
 
 from bootstrap.config import Config, load_config
 from bootstrap.errors import EXIT_OK, ConfigError
-from bootstrap.snapshot import Store, open_store
+from bootstrap.snapshots.store import Store, open_store
 
 if TYPE_CHECKING:
-    from bootstrap.bucket import BucketStore
+    from bootstrap.snapshots.bucket import BucketStore
 
 
 def _store(config: Config) -> Store | BucketStore:

@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from bootstrap.config import Config, load_config
+from bootstrap.engine.status import Status
+from bootstrap.engine.status import status as read_status
+from bootstrap.env.venv import python_version
 from bootstrap.errors import EXIT_FAILED, EXIT_OK, BootstrapError
-from bootstrap.lock import LockInfo, probe
-from bootstrap.readiness import Status
-from bootstrap.readiness import status as read_status
-from bootstrap.venv import python_version
+from bootstrap.primitives.lock import LockInfo, probe
 
 
 def status(config_path: Path | None, *, as_json: bool) -> int:
@@ -46,9 +46,9 @@ def snapshot_info(config: Config) -> dict[str, Any]:
     """Whether the store holds a snapshot for the current key; read-only, no child process."""
     if config.snapshots is None:
         return {"store": None, "key": None, "exists": None}
-    from bootstrap.cloud import Unavailable
     from bootstrap.config import default_python
-    from bootstrap.snapshot import local_platform, open_store, snapshot_key
+    from bootstrap.snapshots.cloud import Unavailable
+    from bootstrap.snapshots.store import local_platform, open_store, snapshot_key
 
     version = python_version(config.venv)
     if version is None and config.python == default_python():
@@ -67,7 +67,7 @@ def lockfile_info(config: Config) -> dict[str, str]:
     """``{"lockfile": current | stale | missing}``; empty when no lock is configured."""
     if config.lock is None:
         return {}
-    from bootstrap.lockfile import known_target, state
+    from bootstrap.env.pins import known_target, state
 
     return {"lockfile": state(config, known_target(config))}
 

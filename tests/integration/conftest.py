@@ -27,7 +27,7 @@ def build_editable(wheel_directory, config_settings=None, metadata_directory=Non
 
 
 def _builds(call: Call) -> bool:
-    """Whether ``call`` creates or fills a build environment of bootstrap.editables."""
+    """Whether ``call`` creates or fills a build environment of bootstrap.skills.builds."""
     return any(re.search(r"\.work-\d+-[0-9a-f]+/build-\d+/env", arg) for arg in call)
 
 

@@ -1,4 +1,4 @@
-"""Editable builds batched in one backend process (bootstrap.editables), with the real uv.
+"""Editable builds batched in one backend process (bootstrap.skills.builds), with the real uv.
 
 What must hold: the venv ends up as uv's own editable installs would leave it (same files, same
 records, and uv's freshness check sees them as fresh); a skill the batch cannot build is left to

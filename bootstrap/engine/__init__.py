@@ -1,0 +1,1 @@
+"""The operations: ensure, status, repair, the interpreter override, and what they return."""

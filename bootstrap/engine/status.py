@@ -1,0 +1,114 @@
+"""The environment's status, read-only: the ready gate of ``ensure`` and of ``status``.
+
+One function, :func:`status`, answers both "may the warm path return?" and "what is wrong and
+why?". It stats, reads the marker and hashes each pyproject; it never runs a child process,
+never takes the lock and never writes, so the warm ``ensure`` costs about one interpreter start.
+
+The module is not called ``status``: ``bootstrap.status`` is the public function, and a
+submodule of that name would replace it as the package's attribute once imported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from bootstrap.config import Config, Skill
+from bootstrap.env.identity import describe_change, identity_of, runtime_inputs
+from bootstrap.env.marker import MarkerRead, read_marker
+from bootstrap.env.venv import interpreter, python_version
+from bootstrap.skills.python_skill import pyproject_state
+
+RuntimeState = Literal["current", "stale", "missing"]
+SkillState = Literal["installed", "pending", "stale", "failed"]
+
+
+@dataclass(frozen=True)
+class SkillStatus:
+    name: str
+    python: bool
+    state: SkillState
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Status:
+    venv: Path
+    python: Path
+    marker: MarkerRead
+    runtime: RuntimeState
+    why: list[str] = field(default_factory=list)
+    skills: tuple[SkillStatus, ...] = ()
+    stray: tuple[str, ...] = ()  # recorded in the marker, no longer configured
+
+    @property
+    def base_current(self) -> bool:
+        return self.runtime == "current"
+
+    @property
+    def ready(self) -> bool:
+        return (self.base_current and not self.stray
+                and all(s.state == "installed" for s in self.skills))
+
+    @property
+    def pending(self) -> list[str]:
+        return [s.name for s in self.skills if s.state != "installed"]
+
+
+def status(config: Config) -> Status:
+    venv = config.venv
+    python = interpreter(venv)
+    marker = read_marker(venv)
+    runtime, why = _runtime_state(config, marker, python)
+    recorded: dict[str, Any] = marker.data["skills"] if marker.data else {}
+    failed: dict[str, Any] = marker.data["failed"] if marker.data else {}
+    # One stat per skill says whether it is a Python skill and, usually, its hash too.
+    found = [(s, *_pyproject_state(s)) for s in config.skills]
+    skills = tuple(_skill_status(s, is_python, digest, recorded, failed)
+                   for s, is_python, digest in found)
+    python_names = {s.name for s, is_python, _ in found if is_python}
+    stray = tuple(sorted(n for n in recorded if n not in python_names))
+    return Status(venv, python, marker, runtime, why, skills, stray)
+
+
+def _pyproject_state(skill: Skill) -> tuple[bool, str]:
+    # A pyproject we cannot even stat (EACCES, EIO) is a Python skill that is not installed as
+    # it is now: `status` still prints its report, and `ensure` syncs it and reports the error.
+    try:
+        return pyproject_state(skill)
+    except OSError:
+        return True, ""
+
+
+def _runtime_state(config: Config, marker: MarkerRead,
+                   python: Path) -> tuple[RuntimeState, list[str]]:
+    if marker.data is None:
+        reason = marker.problem or f"no marker in {config.venv}"
+        return "missing", [reason]
+    if not python.exists():
+        return "missing", [f"interpreter {python} does not exist"]
+    version = python_version(config.venv)
+    if version is None:
+        return "missing", [f"{config.venv / 'pyvenv.cfg'} is missing or unreadable"]
+    inputs = runtime_inputs(config, version)
+    recorded = marker.data["runtime"]
+    if identity_of(inputs) != recorded["identity"]:
+        return "stale", describe_change(recorded["inputs"], inputs) or ["runtime identity changed"]
+    return "current", []
+
+
+def _skill_status(skill: Skill, is_python: bool, digest: str, recorded: dict[str, Any],
+                  failed: dict[str, Any]) -> SkillStatus:
+    name, path = skill.name, str(skill.path)
+    if not is_python:
+        return SkillStatus(name, False, "installed")
+    record = recorded.get(name)
+    if record and record["path"] == path and record["pyproject"] == digest:
+        return SkillStatus(name, True, "installed")
+    failure = failed.get(name)
+    if failure and failure["path"] == path and failure["pyproject"] == digest:
+        return SkillStatus(name, True, "failed", failure["error"])
+    if record:
+        return SkillStatus(name, True, "stale")
+    return SkillStatus(name, True, "pending")

@@ -1,0 +1,153 @@
+"""Jupyter kernelspecs that start the managed interpreter: where they go, what they hold, and an
+install that a running Jupyter never sees half done.
+
+The kernelspec names the venv's interpreter by its stable path, so it survives every rebuild:
+``ensure`` swaps a new venv in at the same path. Jupyter lists every directory under
+``kernels/`` that holds a ``kernel.json`` (a name it finds invalid only earns a warning), so the
+new spec is staged beside ``kernels/``, not inside it, and renamed into place in one step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any, Final, TypedDict
+
+from bootstrap.config import Config
+from bootstrap.env.requirements import validate_requirements
+from bootstrap.errors import ConfigError
+from bootstrap.primitives import swap
+from bootstrap.primitives.fs import (
+    fsync_dir,
+    owner_pid,
+    pid_alive,
+    remove_quietly,
+    removed_on_failure,
+    temp_name,
+    write_file,
+)
+
+DEFAULT_NAME: Final = "kernel-bootstrap"
+# Jupyter's rule for kernel names; it lower-cases them when it installs and when it lists.
+_NAME_RE: Final = re.compile(r"[a-zA-Z0-9._-]+")
+# Room under NAME_MAX (255) for the staging name's pid and random suffix.
+MAX_NAME: Final = 200
+LAUNCHER: Final = ("-m", "ipykernel_launcher", "-f", "{connection_file}")
+SPEC_FILE: Final = "kernel.json"
+
+
+class KernelSpec(TypedDict):
+    argv: list[str]
+    display_name: str
+    language: str
+    metadata: dict[str, Any]
+
+
+def check_name(name: str) -> str:
+    """The kernel's directory name, lower-cased as Jupyter does; a bad one is a ConfigError."""
+    if not _NAME_RE.fullmatch(name) or name in (".", "..") or len(name) > MAX_NAME:
+        raise ConfigError(
+            f"invalid kernel name {name!r}: use letters, digits, '.', '_' and '-' "
+            f"(at most {MAX_NAME}, and not '.' or '..'), e.g. --name {DEFAULT_NAME}"
+        )
+    return name.lower()
+
+
+def require_ipykernel(config: Config) -> None:
+    """Refuse before anything is built when the runtime would not contain ipykernel."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    validate_requirements(config)
+    if any(canonicalize_name(Requirement(r).name) == "ipykernel" for r in config.requirements):
+        return
+    raise ConfigError(
+        f"{config.path}: a Jupyter kernel needs ipykernel in the runtime, and no requirement "
+        'names it: add "ipykernel" to `requirements` (e.g. requirements = ["ipykernel>=6"]), '
+        "then run `kernel-bootstrap kernelspec install` again"
+    )
+
+
+def user_data_dir() -> Path:
+    """Jupyter's per-user data directory, found the way jupyter_core finds it."""
+    explicit = os.environ.get("JUPYTER_DATA_DIR")
+    if explicit:
+        return Path(os.path.abspath(os.path.expanduser(explicit)))
+    home = Path(os.path.expanduser("~"))
+    if sys.platform == "darwin":
+        return home / "Library" / "Jupyter"
+    if sys.platform == "win32":
+        appdata = os.environ.get("APPDATA")
+        return (Path(appdata) if appdata else home / "AppData" / "Roaming") / "jupyter"
+    xdg = os.environ.get("XDG_DATA_HOME")
+    return (Path(xdg) if xdg else home / ".local" / "share") / "jupyter"
+
+
+def kernels_dir(prefix: Path | None = None) -> Path:
+    """``PREFIX/share/jupyter/kernels`` with a prefix, else the user's ``<data dir>/kernels``."""
+    if prefix is not None:
+        root = Path(os.path.abspath(os.path.expanduser(prefix)))
+        return root / "share" / "jupyter" / "kernels"
+    return user_data_dir() / "kernels"
+
+
+def spec_for(python: Path, name: str, display_name: str | None, config: Config) -> KernelSpec:
+    return {
+        "argv": [str(python), *LAUNCHER],
+        "display_name": display_name or f"Python ({name})",
+        "language": "python",
+        "metadata": {"kernel_bootstrap": {
+            "config": str(config.path) if config.path else None,
+            "venv": str(config.venv),
+        }},
+    }
+
+
+def install_spec(kernels: Path, name: str, spec: KernelSpec) -> Path:
+    """Write ``kernels/name/kernel.json``, replacing any earlier spec of that name atomically."""
+    target = kernels / name
+    kernels.mkdir(parents=True, exist_ok=True)
+    site = _site(kernels, name)
+    _recover(site, target)
+    staged = temp_name(kernels.parent / f"kernelspec-{name}", "stage")
+    with removed_on_failure(staged):
+        staged.mkdir()
+        blob = json.dumps(spec, indent=1).encode() + b"\n"
+        write_file(staged / SPEC_FILE, blob, exclusive=True, sync=True)
+        fsync_dir(staged)
+        swap.swap_in(site, staged, target)
+    fsync_dir(kernels)
+    return target
+
+
+def _site(kernels: Path, name: str) -> swap.Site:
+    # Staging, the outgoing spec and the journal live beside kernels/ (Jupyter lists every
+    # directory inside it), in a directory shared with other data: a journal may only name
+    # our own ".kernelspec-<name>." siblings. No lock guards installs, so a journal whose
+    # writer is still running is left to it.
+    base = kernels.parent / f"kernelspec-{name}"
+    return swap.Site(
+        live_dir=kernels, staging_dir=kernels.parent, aside_dir=kernels.parent,
+        noun="the new kernelspec", journal=lambda _: _journal(base),
+        aside=lambda _: temp_name(base, "old"), retire=remove_quietly,
+        complete=lambda staged: (staged / SPEC_FILE).is_file(),
+        prefix=f".{base.name}.", unlocked=True)
+
+
+def _journal(base: Path) -> Path:
+    return base.with_name(f".{base.name}.swap")
+
+
+def _recover(site: swap.Site, target: Path) -> None:
+    """Finish (or undo) a swap a kill interrupted, and remove what dead installs left."""
+    swap.recover(site, target)
+    journal = site.journal(target)
+    kinds = ((f"{site.prefix}stage-", "stage"), (f"{site.prefix}old-", "old"),
+             (f".{journal.name}.tmp-", "tmp"))
+    for path in site.staging_dir.iterdir():
+        tags = [tag for start, tag in kinds if path.name.startswith(start)]
+        if tags and not pid_alive(owner_pid(path.name, tags[0])):
+            remove_quietly(path)

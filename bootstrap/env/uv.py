@@ -1,0 +1,98 @@
+"""Finding uv and running it. Every failure is a :class:`~bootstrap.errors.UvError`."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from bootstrap.errors import BootstrapError, UvError
+from bootstrap.primitives import log, process
+
+
+class UvNotFound(BootstrapError):
+    pass
+
+
+def find_uv() -> Path:
+    """``$KERNEL_BOOTSTRAP_UV``, else ``uv`` on PATH, else the binary the ``uv`` package ships."""
+    explicit = os.environ.get("KERNEL_BOOTSTRAP_UV")
+    if explicit:
+        path = Path(explicit)
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            raise UvNotFound(
+                f"KERNEL_BOOTSTRAP_UV={explicit} is not an executable file: point it at uv, or "
+                "unset it to use uv from PATH or the bundled one (pip install uv)"
+            )
+        return path
+    on_path = shutil.which("uv")
+    if on_path:
+        return Path(on_path)
+    try:
+        import uv as uv_package
+
+        return Path(uv_package.find_uv_bin())
+    except (ImportError, FileNotFoundError):
+        raise UvNotFound(
+            "uv not found: install it (`pip install uv`, or see https://docs.astral.sh/uv/) "
+            "or set KERNEL_BOOTSTRAP_UV to its path"
+        ) from None
+
+
+def environment() -> dict[str, str]:
+    """The environment every uv child (and every child that runs uv) gets."""
+    extra = {"UV_NO_PROGRESS": "1"}
+    # No network for interpreters on the machines we run on: a missing Python must fail fast
+    # with uv's clear message, not hang on a download. The user's own setting wins.
+    if "UV_PYTHON_DOWNLOADS" not in os.environ:
+        extra["UV_PYTHON_DOWNLOADS"] = "never"
+    return process.child_env(extra)
+
+
+@dataclass(frozen=True)
+class Uv:
+    """A located uv plus the per-config arguments of every ``uv pip install``."""
+
+    exe: Path
+    install_args: tuple[str, ...] = ()
+    # The user's uv arguments alone (index settings), without the runtime's constraints: for
+    # build environments, which uv itself never constrains with --constraint either.
+    build_args: tuple[str, ...] = ()
+
+    def run(self, *args: str | Path, what: str) -> process.Result:
+        log.debug("uv", argv=[str(a) for a in args])
+        return process.run(self.exe, *args, env=environment(), what=what, error=UvError)
+
+    def create_venv(self, path: Path, python: str) -> None:
+        # --relocatable: the venv is built beside the live one and renamed into place, so its
+        # scripts must not embed the staging path.
+        self.run("venv", "--quiet", "--relocatable", "--python", python, path,
+                 what=f"uv could not create the venv at {path}")
+
+    def install(self, python: Path, args: Sequence[str | Path], what: str) -> process.Result:
+        return self.run(*self._install(python, args), what=what)
+
+    def installing(self, python: Path, args: Sequence[str | Path],
+                   what: str) -> contextlib.AbstractContextManager[None]:
+        """:meth:`install` in the background, while the block runs (see process.background)."""
+        argv = self._install(python, args)
+        log.debug("uv", argv=[str(a) for a in argv])
+        return process.background(self.exe, *argv, env=environment(), what=what,
+                                  error=UvError)
+
+    def _install(self, python: Path, args: Sequence[str | Path]) -> list[str | Path]:
+        return ["pip", "install", "--python", python, *self.install_args, *args]
+
+    def uninstall(self, python: Path, projects: Sequence[str]) -> None:
+        self.run("pip", "uninstall", "--python", python, *projects,
+                 what=f"uv could not uninstall {', '.join(projects)}")
+
+
+def make_uv(constraints: Path | None, uv_args: Sequence[str]) -> Uv:
+    args: list[str] = []
+    if constraints is not None:
+        args += ["--constraint", str(constraints)]
+    return Uv(find_uv(), (*args, *uv_args), tuple(uv_args))

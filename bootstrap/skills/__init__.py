@@ -1,0 +1,1 @@
+"""Python skills in the environment: their pyprojects, batched builds, the build cache, the sync."""

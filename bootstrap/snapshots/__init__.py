@@ -1,0 +1,1 @@
+"""Snapshots: the archive format, the directory store, the bucket store and its client."""
