@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from bootstrap.errors import ConfigError, SkillError
-from bootstrap.snapshots.cloud import Bucket, bucket_url
+from bootstrap.trees.discovery import glob_dirs
 from bootstrap.trees.skillmd import check_skill_dir
 
 DEFAULT_FILE: Final = "kernel-bootstrap.toml"
@@ -70,6 +70,31 @@ class Config:
     @property
     def python_skills(self) -> tuple[Skill, ...]:
         return tuple(s for s in self.skills if s.is_python)
+
+
+# The object stores a ``snapshots`` URL may name (the ``cloud`` extra serves each).
+SCHEMES: Final = ("s3", "gs", "az")
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """A snapshot store in object storage: ``s3://BUCKET/PREFIX`` (gs:// and az:// alike)."""
+
+    url: str
+
+    def __str__(self) -> str:
+        return self.url
+
+
+def bucket_url(value: str) -> Bucket | None:
+    """The bucket ``value`` names, None if it is no URL (a directory); ValueError for a URL
+    with another scheme or no bucket name (the prefix may be empty)."""
+    if "://" not in value:
+        return None
+    scheme, _, rest = value.partition("://")
+    if scheme not in SCHEMES or not rest.split("/", 1)[0]:
+        raise ValueError(value)
+    return Bucket(value.rstrip("/"))
 
 
 def find_config_file(explicit: Path | None) -> Path:
@@ -329,7 +354,7 @@ def discover_skills(
     watch: list[Path] = []
     for index, pattern in enumerate(patterns):
         if glob.has_magic(pattern):
-            watch += _glob_dirs(_resolve(base, pattern))
+            watch += glob_dirs(_resolve(base, pattern))
         for path in _expand(pattern, base, file, index):
             try:
                 name = check_skill_dir(path)
@@ -342,19 +367,6 @@ def discover_skills(
                 )
             found[name] = Skill(name, path)
     return tuple(found.values()), tuple(dict.fromkeys(watch))
-
-
-def _glob_dirs(full: Path) -> list[Path]:
-    """The literal root of a glob and every directory matched by each of its prefixes."""
-    parts = full.parts
-    # None when normalising removed every magic part ("*/.." is just the base directory).
-    first = next((i for i, part in enumerate(parts) if glob.has_magic(part)), None)
-    if first is None:
-        return [full]
-    dirs = [Path(*parts[:first])]
-    for end in range(first + 1, len(parts) + 1):
-        dirs += sorted(Path(m) for m in glob.glob(str(Path(*parts[:end]))) if os.path.isdir(m))
-    return dirs
 
 
 def _expand(pattern: str, base: Path, file: Path, index: int) -> list[Path]:
@@ -374,7 +386,7 @@ def _expand(pattern: str, base: Path, file: Path, index: int) -> list[Path]:
 def _matches_nothing(pattern: str, full: Path, file: Path, index: int) -> None:
     """A typo in the fixed part (``skils/*``) is an error: it used to uninstall every skill and
     exit 0. An existing directory with no skill in it yet is only worth a warning."""
-    root = _glob_dirs(full)[0]
+    root = glob_dirs(full)[0]
     if not _exists(root, file, f"skills[{index}]", "dir"):
         raise ConfigError(f"{source_name(file)}: skills[{index}]: the pattern {pattern!r} "
                           f"matches nothing: {root} does not exist (a typo?)")

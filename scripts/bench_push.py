@@ -30,11 +30,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 # Imported after the sys.path line, so the script runs from a checkout without installing.
 from bootstrap.trees.push import load_trees
 from bootstrap.trees.skilltree import SkillTree
-from bootstrap.trees.targets import ExecRuntime
+from bootstrap.trees.targets import ExecTarget
 from testing.skills import make_skill
 
 SIZES = (32, 128)
-Method = Callable[[ExecRuntime, SkillTree, Path], Coroutine[None, None, int]]
+Method = Callable[[ExecTarget, SkillTree, Path], Coroutine[None, None, int]]
 
 
 def bench_skill(parent: Path, n_files: int) -> Path:
@@ -54,7 +54,7 @@ async def _call(argv: Sequence[str], data: bytes | None = None) -> None:
         raise RuntimeError(f"{shlex.join(argv)}: exit {proc.returncode}: {err.decode()}")
 
 
-async def _one_file(rt: ExecRuntime, tree: SkillTree, dest: Path, rel: str) -> int:
+async def _one_file(rt: ExecTarget, tree: SkillTree, dest: Path, rel: str) -> int:
     """The baseline's unit of work: write one file (its bytes held in memory), then chmod."""
     entry = next(e for e in tree.entries if e.rel == rel)
     target = dest / tree.name / rel
@@ -70,15 +70,15 @@ def _files(tree: SkillTree) -> list[str]:
     return [e.rel for e in tree.entries if e.kind == "file"]
 
 
-async def per_file_sequential(rt: ExecRuntime, tree: SkillTree, dest: Path) -> int:
+async def per_file_sequential(rt: ExecTarget, tree: SkillTree, dest: Path) -> int:
     return sum([await _one_file(rt, tree, dest, rel) for rel in _files(tree)])
 
 
-async def per_file_gather(rt: ExecRuntime, tree: SkillTree, dest: Path) -> int:
+async def per_file_gather(rt: ExecTarget, tree: SkillTree, dest: Path) -> int:
     return sum(await asyncio.gather(*(_one_file(rt, tree, dest, rel) for rel in _files(tree))))
 
 
-async def tar_stream_push(rt: ExecRuntime, tree: SkillTree, dest: Path) -> int:
+async def tar_stream_push(rt: ExecTarget, tree: SkillTree, dest: Path) -> int:
     report = await rt.push([tree], str(dest))
     assert report.ok, report.error
     return 1
@@ -92,7 +92,7 @@ METHODS: dict[str, Method] = {
 
 
 def run(rounds: int, prefix: str, work: Path) -> dict[tuple[int, str], tuple[float, int]]:
-    rt = ExecRuntime.from_prefix(prefix)
+    rt = ExecTarget.from_prefix(prefix)
     trees = {n: load_trees([bench_skill(work / "src", n)])[0] for n in SIZES}
     times: dict[tuple[int, str], list[float]] = {}
     calls: dict[tuple[int, str], int] = {}

@@ -1,5 +1,5 @@
 """The snapshot archive reader under fuzzing: whatever the archive holds, a restore either
-refuses it with BadSnapshot or extracts a tree from which nothing reaches outside the venv."""
+refuses it with BadArchive or extracts a tree from which nothing reaches outside the venv."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from pathlib import Path
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from bootstrap.snapshots.archive import MANIFEST, BadSnapshot, extract, open_snapshot
+from bootstrap.primitives.tar import BadArchive
+from bootstrap.snapshots.archive import MANIFEST, extract, open_snapshot
 
 # Small alphabets, so generated links often name each other and chain; a few names and
 # targets are seeded with the shapes that matter (the interpreter links, climbing chains).
@@ -109,7 +110,7 @@ def test_a_restore_refuses_or_keeps_everything_inside_the_venv(
             with archive.open("rb") as f:
                 _, reader = open_snapshot(f, archive)
                 extract(reader, into)
-        except BadSnapshot:
+        except BadArchive:
             pass  # refused: the only error a restore may raise
         else:
             assert_nothing_reaches_outside(into)

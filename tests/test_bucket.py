@@ -13,9 +13,8 @@ from typing import Any
 
 import pytest
 
-from bootstrap.config import config_from_dict
+from bootstrap.config import Bucket, config_from_dict
 from bootstrap.errors import ConfigError
-from bootstrap.snapshots.cloud import Bucket
 from testing import s3server
 from testing.s3server import free_port
 from testing.world import World

@@ -1,4 +1,5 @@
-"""The package's import graph has no cycle, counting imports inside functions too."""
+"""The package's import graph: no cycle (imports inside functions and type-only ones count), and
+every import goes to the module's own family or a layer below it (docs/architecture.md, the map)."""
 
 from __future__ import annotations
 
@@ -13,13 +14,14 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _imports(path: Path, modules: set[str]) -> set[str]:
-    """Every bootstrap module ``path`` imports, at any depth (TYPE_CHECKING blocks excepted:
-    they never run)."""
+def _imports(path: Path, modules: set[str], type_only: bool) -> set[str]:
+    """Every bootstrap module ``path`` imports, at any depth; TYPE_CHECKING blocks only with
+    ``type_only`` (they never run, but a reader follows them all the same)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
-            and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
-            for n in ast.walk(node)}
+    skip = set() if type_only else {
+        id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+        and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+        for n in ast.walk(node)}
     found: set[str] = set()
     for node in ast.walk(tree):
         if id(node) in skip:
@@ -32,12 +34,13 @@ def _imports(path: Path, modules: set[str]) -> set[str]:
     return {name for name in found if name in modules}
 
 
-def import_graph() -> dict[str, set[str]]:
+def import_graph(*, type_only: bool = False) -> dict[str, set[str]]:
     files = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
     modules = set(files)
     # Importing bootstrap.x runs bootstrap/__init__.py first, but that imports nothing at
     # run time (its exports are lazy): only the edges written in each module count.
-    return {name: _imports(path, modules) - {name} for name, path in files.items()}
+    return {name: _imports(path, modules, type_only) - {name, "bootstrap"}
+            for name, path in files.items()}
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -62,11 +65,65 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_the_package_has_no_import_cycle() -> None:
-    cycle = find_cycle(import_graph())
-    assert cycle is None, " -> ".join(cycle or [])
-
-
 def test_the_cycle_finder_finds_one() -> None:
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+# The layers, lowest first. A module may import its own family and any lower layer, never a
+# higher one; type-only imports count too (they are what a reader follows). The families are
+# the directories of bootstrap/; the top-level modules each stand at their own layer.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("bootstrap.errors",),
+    ("bootstrap.primitives",),
+    ("bootstrap.warm",),
+    ("bootstrap.trees",),
+    ("bootstrap.config",),
+    ("bootstrap.env",),
+    ("bootstrap.skills",),
+    ("bootstrap.snapshots",),
+    ("bootstrap.engine",),
+    ("bootstrap.commands",),
+    ("bootstrap.arguments",),
+    ("bootstrap.cli", "bootstrap.__main__", "bootstrap"),
+)
+
+
+def layer_of(module: str) -> int:
+    for rank, members in enumerate(LAYERS):
+        if any(module == m or module.startswith(m + ".") for m in members if m != "bootstrap"):
+            return rank
+    assert module == "bootstrap", f"{module} is in no layer: add its family to LAYERS"
+    return len(LAYERS) - 1
+
+
+def _family(module: str) -> str:
+    return ".".join(module.split(".")[:2])
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{a} -> {b}" for a, deps in graph.items() for b in deps
+                  if _family(a) != _family(b) and layer_of(b) > layer_of(a))
+
+
+def test_every_module_imports_only_its_family_and_the_layers_below() -> None:
+    assert upward_imports(import_graph(type_only=True)) == []
+
+
+def test_the_package_has_no_import_cycle_counting_type_only_imports() -> None:
+    cycle = find_cycle(import_graph(type_only=True))
+    assert cycle is None, " -> ".join(cycle or [])
+
+
+def test_the_layer_check_sees_an_upward_import() -> None:
+    assert upward_imports({"bootstrap.env.venv": {"bootstrap.engine.ensure"}}) == [
+        "bootstrap.env.venv -> bootstrap.engine.ensure"]
+    assert upward_imports({"bootstrap.engine.ensure": {"bootstrap.env.venv"}}) == []
+
+
+def test_each_family_init_imports_nothing() -> None:
+    # The warm path imports bootstrap.primitives (and so its __init__): a re-export there
+    # would cost every kernel start.
+    for init in PACKAGE.glob("*/__init__.py"):
+        tree = ast.parse(init.read_text(encoding="utf-8"))
+        assert not [n for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom)], init

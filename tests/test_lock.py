@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bootstrap.primitives.lock import holder_path, lock_path, probe
+from bootstrap.primitives.lock import holder_path, inspect, lock_path
 from testing.world import World
 
 HOLDER = (
@@ -146,7 +146,7 @@ def test_status_on_a_cold_machine_creates_no_lock(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert json.loads(result.stdout)["lock"] == {"held": False, "pid": None}
     assert not (tmp_path / "state").exists()
-    assert probe(tmp_path / "state" / "venv").held is False
+    assert inspect(tmp_path / "state" / "venv").held is False
     assert not (tmp_path / "state").exists()
 
 

@@ -21,7 +21,7 @@ import pytest
 from bootstrap.cli import main
 from bootstrap.trees.push import push, push_sync
 from bootstrap.trees.skilltree import SkillTree
-from bootstrap.trees.targets import PushedSkill, PushReport, runtime_for
+from bootstrap.trees.targets import PushedSkill, PushReport, target_for
 from testing.processes import peak_rss_run
 from testing.skills import make_skill
 
@@ -291,7 +291,7 @@ def test_a_file_shrinking_mid_push_changes_nothing(tmp_path: Path) -> None:
 
         async def push(self, trees: Sequence[SkillTree], dest: str) -> PushReport:
             (src / "big.bin").write_text("x" * 10)
-            return await runtime_for("env").push(trees, dest)
+            return await target_for("env").push(trees, dest)
 
     [report] = push_sync([src], str(dest), [Shrinking()])
 
@@ -425,7 +425,7 @@ def test_interrupt_mid_stream_stops_the_runtime_and_changes_nothing(
     monkeypatch.setattr(runtimes, "tar_stream", interrupted)
 
     with pytest.raises(_Interrupt):
-        push_sync([src], str(dest), [runtime_for("env")])
+        push_sync([src], str(dest), [target_for("env")])
 
     assert (dest / "tool/v.txt").read_text() == "old"
     no_staging_left(dest)

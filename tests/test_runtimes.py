@@ -18,11 +18,11 @@ from bootstrap.errors import ConfigError
 from bootstrap.trees.push import load_trees, push_sync
 from bootstrap.trees.targets import (
     COMPLETE_MARKER,
-    ExecRuntime,
-    LocalRuntime,
+    ExecTarget,
+    LocalTarget,
     remote_dest,
-    runtime_for,
     tar_stream,
+    target_for,
 )
 from testing.skills import make_skill
 from tests.test_push import (
@@ -69,17 +69,17 @@ def test_tar_stream_pieces_stay_bounded_by_the_chunk(tmp_path: Path) -> None:
 
 
 def test_runtime_registry() -> None:
-    assert isinstance(runtime_for(None), LocalRuntime)
-    rt = runtime_for("kubectl exec -i 'my pod' --")
-    assert isinstance(rt, ExecRuntime)
+    assert isinstance(target_for(None), LocalTarget)
+    rt = target_for("kubectl exec -i 'my pod' --")
+    assert isinstance(rt, ExecTarget)
     assert rt.argv == ("kubectl", "exec", "-i", "my pod", "--")
     assert rt.name == "kubectl exec -i 'my pod' --"
 
 
 def test_ssh_gets_the_command_as_one_quoted_line() -> None:
-    plain = ExecRuntime(("docker", "exec", "-i", "box")).command("echo 'a b'")
+    plain = ExecTarget(("docker", "exec", "-i", "box")).command("echo 'a b'")
     assert plain == ("docker", "exec", "-i", "box", "sh", "-c", "echo 'a b'")
-    ssh = ExecRuntime(("/usr/bin/ssh", "-T", "host")).command("echo 'a b'")
+    ssh = ExecTarget(("/usr/bin/ssh", "-T", "host")).command("echo 'a b'")
     assert ssh[:3] == ("/usr/bin/ssh", "-T", "host") and len(ssh) == 4
     assert ssh[3] == "sh -c 'echo '\"'\"'a b'\"'\"''"
 
@@ -101,7 +101,7 @@ needs_busybox = pytest.mark.skipif(shutil.which("busybox") is None,
                                    reason="busybox is not installed")
 
 
-def busybox_runtime(tmp_path: Path) -> ExecRuntime:
+def busybox_runtime(tmp_path: Path) -> ExecTarget:
     """An exec runtime whose sandbox has only busybox applets on PATH (Alpine-style)."""
     applets = tmp_path / "bb"
     applets.mkdir()
@@ -111,7 +111,7 @@ def busybox_runtime(tmp_path: Path) -> ExecRuntime:
     for applet in ("sh", "tar", "mkdir", "mv", "ln", "rm", "dirname", "basename", "printf",
                    "echo", "kill", "env", "cat", "sleep"):
         (applets / applet).symlink_to(busybox)
-    return ExecRuntime((str(applets / "env"), f"PATH={applets}"))
+    return ExecTarget((str(applets / "env"), f"PATH={applets}"))
 
 
 @needs_busybox

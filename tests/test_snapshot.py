@@ -16,8 +16,10 @@ from pathlib import Path
 import pytest
 
 from bootstrap.config import default_python
+from bootstrap.env.platform import Platform, platform_of
 from bootstrap.env.uv import Uv
-from bootstrap.snapshots.store import MANIFEST, BadSnapshot, Platform, Store, platform_of
+from bootstrap.primitives.tar import BadArchive
+from bootstrap.snapshots.store import MANIFEST, Store
 from testing.uvlog import fake_uv_shim
 from testing.world import World
 
@@ -298,7 +300,7 @@ def test_members_are_vetted(tmp_path: Path, members: list[tuple[tarfile.TarInfo,
         assert store.restore(KEY, into, PLATFORM) == into / "venv"
         assert all(os.path.lexists(into / info.name) for info, _ in members)
         return
-    with pytest.raises(BadSnapshot) as refused:
+    with pytest.raises(BadArchive) as refused:
         store.restore(KEY, into, PLATFORM)
     assert problem in str(refused.value) and store.path_for(KEY).name in str(refused.value)
 
@@ -332,7 +334,7 @@ def test_without_a_system_tar_the_same_members_are_restored_and_refused(
     assert (tmp_path / "into/venv/lib/copy.py").read_bytes() == next(iter(files.values()))
     bad = store_with(tmp_path / "bad", [member("venv/bin/python-x", tarfile.SYMTYPE, "/etc"),
                                         member("venv/bin/python-x/passwd", data=b"evil")])
-    with pytest.raises(BadSnapshot, match="through a link"):
+    with pytest.raises(BadArchive, match="through a link"):
         bad.restore(KEY, tmp_path / "into2", PLATFORM)
 
 

@@ -21,9 +21,9 @@ def push(sources: Sequence[Path], dest: str, execs: Sequence[str], jobs: int,
     import asyncio
 
     from bootstrap.trees.push import push as push_async
-    from bootstrap.trees.targets import runtime_for
+    from bootstrap.trees.targets import target_for
 
-    runtimes = [runtime_for(p) for p in execs] if execs else [runtime_for(None)]
+    runtimes = [target_for(p) for p in execs] if execs else [target_for(None)]
     reports = asyncio.run(push_async(sources, dest, runtimes, jobs))
     if as_json:
         print(json.dumps({"runtimes": [r.to_json() for r in reports]}))

@@ -12,7 +12,7 @@ from bootstrap.engine.status import Status
 from bootstrap.engine.status import status as read_status
 from bootstrap.env.venv import python_version
 from bootstrap.errors import EXIT_FAILED, EXIT_OK, BootstrapError
-from bootstrap.primitives.lock import LockInfo, probe
+from bootstrap.primitives.lock import LockInfo, inspect
 
 
 def status(config_path: Path | None, *, as_json: bool) -> int:
@@ -26,7 +26,7 @@ def status(config_path: Path | None, *, as_json: bool) -> int:
             print(json.dumps({"ready": False, "error": str(e)}))
         raise
     found = read_status(config)
-    held = probe(config.venv)
+    held = inspect(config.venv)
     snapshot = snapshot_info(config)
     lockfile = lockfile_info(config)
     if as_json:
@@ -47,8 +47,9 @@ def snapshot_info(config: Config) -> dict[str, Any]:
     if config.snapshots is None:
         return {"store": None, "key": None, "exists": None}
     from bootstrap.config import default_python
+    from bootstrap.env.platform import local_platform
     from bootstrap.snapshots.cloud import Unavailable
-    from bootstrap.snapshots.store import local_platform, open_store, snapshot_key
+    from bootstrap.snapshots.store import open_store, snapshot_key
 
     version = python_version(config.venv)
     if version is None and config.python == default_python():
@@ -67,9 +68,9 @@ def lockfile_info(config: Config) -> dict[str, str]:
     """``{"lockfile": current | stale | missing}``; empty when no lock is configured."""
     if config.lock is None:
         return {}
-    from bootstrap.env.pins import known_target, state
+    from bootstrap.env.pins import known_resolution, state
 
-    return {"lockfile": state(config, known_target(config))}
+    return {"lockfile": state(config, known_resolution(config))}
 
 
 def _with_lockfile(text: str, config: Config, state: str) -> str:

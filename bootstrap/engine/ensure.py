@@ -39,7 +39,8 @@ from bootstrap.skills.sync import Riders, build_ahead, cached_riders, sync_skill
 from bootstrap.trees.skillmd import SKILL_FILE
 
 if TYPE_CHECKING:
-    from bootstrap.snapshots import store
+    from bootstrap.engine import restore
+
 CHECK_TIMEOUT: Final = 300.0
 
 
@@ -87,7 +88,7 @@ def _make_ready(config: Config, found: Status, force: bool, reinstall: frozenset
     """Under the lock: sync the skills, after a rebuild (or restore) if the runtime needs one."""
     uv = make_uv(config.constraints, config.uv_args)
     skills_step = 1 if (found.pending or reinstall or found.stray) else 0
-    snapshots: store.Plan | None = None
+    snapshots: restore.Plan | None = None
     restored = False
     rode: list[str] = []
     if found.base_current and not force and found.marker.data is not None:
@@ -122,14 +123,16 @@ def _make_ready(config: Config, found: Status, force: bool, reinstall: frozenset
 def _require_current_lock(config: Config) -> None:
     if config.lock is not None:
         from bootstrap.env import pins
+
         pins.require_current(config)
 
 
-def _snapshot_plan(config: Config, uv: Uv) -> store.Plan | None:
+def _snapshot_plan(config: Config, uv: Uv) -> restore.Plan | None:
     if config.snapshots is None:
         return None
-    from bootstrap.snapshots import store
-    return store.plan(config, uv)
+    from bootstrap.engine import restore
+
+    return restore.plan(config, uv)
 
 
 def _config_paths(config: Config) -> list[str]:
@@ -163,7 +166,7 @@ def _say_why_rebuild(found: Status, force: bool) -> None:
         log.info("building the runtime", venv=str(found.venv), why=why)
 
 
-def rebuild(config: Config, uv: Uv, snapshots: store.Plan | None = None, *,
+def rebuild(config: Config, uv: Uv, snapshots: restore.Plan | None = None, *,
             with_skills: bool = True) -> tuple[RuntimeRecord, bool, list[str]]:
     """Build a new venv beside the live one, validate it, write its base marker, swap it in.
 
@@ -186,6 +189,7 @@ def rebuild(config: Config, uv: Uv, snapshots: store.Plan | None = None, *,
         if config.lock is not None:
             progress.step(f"installing the pinned runtime from {config.lock.name}")
             from bootstrap.env import pins
+
             pins.install_locked(uv, interpreter(staged), config.lock)
         elif config.requirements:
             skills = _install_runtime(config, uv, staged, with_skills)
@@ -222,7 +226,7 @@ def _install_runtime(config: Config, uv: Uv, staged: Path,
         try:
             with uv.installing(python, [*config.requirements, *cached.args()], what=what):
                 build_ahead(config, uv, python, cached.rest)
-            return cached.adopt(staged)
+            return cached.landed(staged)
         except UvError as e:
             if not cached.skills:
                 raise
@@ -245,21 +249,21 @@ def _runtime_record(config: Config, version: str) -> RuntimeRecord:
             "python": str(interpreter(config.venv))}
 
 
-def _restore(config: Config, snapshots: store.Plan) -> RuntimeRecord | None:
+def _restore(config: Config, snapshots: restore.Plan) -> RuntimeRecord | None:
     """Restore the snapshot into staging, validate it like a fresh build, swap it in.
 
     Anything wrong with it is a warning naming the archive and None: the caller builds.
     """
-    from bootstrap.snapshots.archive import BadSnapshot
+    from bootstrap.primitives.tar import BadArchive
 
     staging = staging_path(config.venv)
     try:
         with removed_on_failure(staging):
             venv = snapshots.extract(staging)
             runtime = _runtime_record(config, _validate(venv, config))
-            snapshots.adopt_marker(venv, runtime)
+            snapshots.claim_marker(venv, runtime)
             method = swap_into_place(venv, config.venv)
-    except (BadSnapshot, BootstrapError) as e:
+    except (BadArchive, BootstrapError) as e:
         log.warning("snapshot unusable; building the venv instead",
                     snapshot=str(snapshots.archive), error=str(e))
         return None

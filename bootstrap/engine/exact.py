@@ -8,31 +8,18 @@ stays, pinned or not: skills are installed on top of the pins by design.
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
 
 from bootstrap.config import Config
 from bootstrap.env import pins
+from bootstrap.env.probe import probe
+from bootstrap.env.requirements import canonical, requirement_name
 from bootstrap.env.uv import make_uv
 from bootstrap.env.venv import interpreter
 from bootstrap.errors import ProcessError
-from bootstrap.primitives import lock, process
-
-# Runs in the venv's interpreter: every distribution with its version and dependency names.
-_SCRIPT: Final = r"""
-import importlib.metadata as md, json, re
-out = {}
-for d in md.distributions():
-    name = d.metadata["Name"]
-    if name:
-        out[re.sub(r"[-_.]+", "-", name).lower()] = [d.version, d.requires or []]
-print(json.dumps(out))
-"""
-_NAME: Final = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
+from bootstrap.primitives import lock
 
 
 @dataclass(frozen=True)
@@ -54,10 +41,7 @@ class Inexact:
 
 def installed(python: Path) -> dict[str, tuple[str, list[str]]]:
     """Every distribution in ``python``'s environment: name -> (version, requirements)."""
-    result = process.run(python, "-c", _SCRIPT, what=f"the interpreter {python} does not run")
-    raw = json.loads(result.stdout.strip().splitlines()[-1])
-    return {name: (str(version), [str(r) for r in requires])
-            for name, (version, requires) in raw.items()}
+    return probe(python, everything=True).everything
 
 
 def inspect(config: Config, python: Path, skill_projects: Iterable[str]) -> Inexact:
@@ -79,16 +63,15 @@ def _needed(roots: Iterable[str], dists: dict[str, tuple[str, list[str]]]) -> se
     mistake; removing one it needs is not.
     """
     needed: set[str] = set()
-    todo = [pins.canonical(r) for r in roots if r]
+    todo = [canonical(r) for r in roots if r]
     while todo:
         name = todo.pop()
         if name in needed:
             continue
         needed.add(name)
         for requirement in dists.get(name, ("", []))[1]:
-            match = _NAME.match(requirement)
-            if match:
-                todo.append(pins.canonical(match[1]))
+            if name_of := requirement_name(requirement):
+                todo.append(name_of)
     return needed
 
 

@@ -26,7 +26,7 @@ from typing import Final, Literal
 
 from bootstrap.config import Config, default_python
 from bootstrap.env.identity import file_digest, normalise_requirement
-from bootstrap.env.requirements import validate_requirements
+from bootstrap.env.requirements import canonical, validate_requirements
 from bootstrap.env.uv import Uv, environment, make_uv
 from bootstrap.errors import ConfigError, UvError
 from bootstrap.primitives import log, process
@@ -50,7 +50,7 @@ class LockfileError(ConfigError):
 
 
 @dataclass(frozen=True)
-class Target:
+class Resolution:
     """What a resolution is for: ``python`` as major.minor, ``platform`` as os-machine."""
 
     python: str
@@ -62,7 +62,7 @@ class Recorded:
     """The header of a lock file: its inputs digest and the target it was resolved for."""
 
     inputs: str
-    target: Target
+    target: Resolution
 
 
 @dataclass(frozen=True)
@@ -101,19 +101,19 @@ def resolution_args(uv_args: Sequence[str]) -> list[str]:
 
 
 # -- the target: for which interpreter and platform the pins were resolved ----------------------
-def target_of(config: Config, uv: Uv) -> Target:
+def resolution_of(config: Config, uv: Uv) -> Resolution:
     """The target of ``config.python`` (a child process only for another interpreter)."""
-    from bootstrap.snapshots.store import platform_of
+    from bootstrap.env.platform import platform_of
 
     found = platform_of(uv, config.python)
-    return Target(_minor(found.python_version), f"{found.os}-{found.machine}")
+    return Resolution(_minor(found.python_version), f"{found.os}-{found.machine}")
 
 
-def known_target(config: Config) -> Target | None:
+def known_resolution(config: Config) -> Resolution | None:
     """The target without a child process (``status``): the interpreter running us, else the
     version the live venv runs; None when neither tells."""
+    from bootstrap.env.platform import local_platform
     from bootstrap.env.venv import python_version
-    from bootstrap.snapshots.store import local_platform
 
     version = python_version(config.venv)
     if version is None and config.python == default_python():
@@ -123,7 +123,7 @@ def known_target(config: Config) -> Target | None:
     if version is None:
         return None
     found = local_platform(version)
-    return Target(_minor(version), f"{found.os}-{found.machine}")
+    return Resolution(_minor(version), f"{found.os}-{found.machine}")
 
 
 def _minor(version: str) -> str:
@@ -131,7 +131,7 @@ def _minor(version: str) -> str:
 
 
 # -- the inputs digest and the header ----------------------------------------------------------
-def inputs_digest(config: Config, target: Target) -> str:
+def inputs_digest(config: Config, target: Resolution) -> str:
     inputs = {
         "version": INPUTS_VERSION,
         "requirements": sorted({normalise_requirement(r) for r in config.requirements}),
@@ -144,7 +144,7 @@ def inputs_digest(config: Config, target: Target) -> str:
     return "sha256:" + hashlib.sha256(blob).hexdigest()
 
 
-def header(digest: str, target: Target) -> str:
+def header(digest: str, target: Resolution) -> str:
     return f"{HEADER}inputs={digest} python={target.python} platform={target.platform}\n"
 
 
@@ -159,10 +159,10 @@ def read_header(path: Path) -> Recorded | None:
     fields = dict(part.partition("=")[::2] for part in line[len(HEADER):].split())
     if not all(fields.get(k) for k in ("inputs", "python", "platform")):
         return None
-    return Recorded(fields["inputs"], Target(fields["python"], fields["platform"]))
+    return Recorded(fields["inputs"], Resolution(fields["python"], fields["platform"]))
 
 
-def state(config: Config, target: Target | None) -> LockState:
+def state(config: Config, target: Resolution | None) -> LockState:
     """Whether the lock matches today's config; with no ``target``, the recorded one counts."""
     lock = _configured(config)
     try:
@@ -180,7 +180,7 @@ def require_current(config: Config) -> None:
     if config.lock is None:
         return
     lock = config.lock
-    target = target_of(config, make_uv(config.constraints, config.uv_args))
+    target = resolution_of(config, make_uv(config.constraints, config.uv_args))
     found = state(config, target)
     if found == "missing":
         raise LockfileError(f"lock file {lock} does not exist or cannot be read; run "
@@ -191,7 +191,7 @@ def require_current(config: Config) -> None:
                             "Run `kernel-bootstrap lock` to update it")
 
 
-def _target_change(lock: Path, target: Target) -> str:
+def _target_change(lock: Path, target: Resolution) -> str:
     try:
         recorded = read_header(lock)
     except OSError:
@@ -235,7 +235,7 @@ def write(config: Config, *, upgrade: bool = False) -> LockResult:
     lock = _configured(config)
     validate_requirements(config)
     uv = make_uv(config.constraints, config.uv_args)
-    target = target_of(config, uv)
+    target = resolution_of(config, uv)
     digest = inputs_digest(config, target)
     if not upgrade and state(config, target) == "current":
         return LockResult(lock, lock_format(lock), False, digest, len(pins(lock)))
@@ -322,7 +322,3 @@ def _pylock_pins(text: str) -> dict[str, str]:
             if isinstance(p, dict) and "name" in p}
 
 
-def canonical(name: str) -> str:
-    import re
-
-    return re.sub(r"[-_.]+", "-", name).lower()

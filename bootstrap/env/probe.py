@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from bootstrap.env.requirements import canonical
 from bootstrap.errors import ProcessError
 from bootstrap.primitives import log, process
 
-_PURPOSE = "<probe: list installed distributions, try the skills' imports (-v shows it)>"
-# Runs inside the target interpreter: stdlib only, and tolerant of anything missing there.
+_PURPOSE = "<probe: what the interpreter is and has, the skills' imports (-v shows it)>"
+# The one script any interpreter we do not run in is asked through (the override, repair, a
+# lock's exactness, a snapshot's platform). Runs inside that interpreter: stdlib only, tolerant
+# of anything missing there; importlib.metadata (~76 ms) only when distributions are asked for.
 _SCRIPT = r"""
-import importlib, importlib.metadata as md, json, os, platform, sys
+import json, os, platform, sys
 req = json.loads(sys.argv[1])
 def fmt(info):
     v = "%d.%d.%d" % info[:3]
@@ -31,7 +34,13 @@ markers = {
     "platform_python_implementation": platform.python_implementation(),
     "python_version": ".".join(platform.python_version_tuple()[:2]), "sys_platform": sys.platform,
 }
-out = {"version": sys.version.split()[0], "markers": markers, "dists": {}, "imports": {}}
+where = {"python_version": platform.python_version(), "implementation": sys.implementation.name,
+         "os": sys.platform, "machine": platform.machine(),
+         "libc": "-".join(platform.libc_ver()) or "none"}
+out = {"version": sys.version.split()[0], "markers": markers, "platform": where, "dists": {},
+       "imports": {}, "everything": []}
+if req["dists"] or req["everything"]:
+    import importlib.metadata as md
 for name in req["dists"]:
     try:
         d = md.distribution(name)
@@ -40,7 +49,11 @@ for name in req["dists"]:
         continue
     url = d.read_text("direct_url.json")
     out["dists"][name] = {"version": d.version, "direct_url": json.loads(url) if url else None}
+if req["everything"]:
+    out["everything"] = [[d.metadata["Name"], d.version, d.requires or []]
+                         for d in md.distributions() if d.metadata["Name"]]
 for key, modules in req["imports"].items():
+    import importlib
     err = None
     for m in modules:
         try:
@@ -67,15 +80,23 @@ class ProbeResult:
     # PEP 508 marker values of the probed interpreter: "foo; python_version < '3.12'" is
     # about that interpreter, not the one running kernel-bootstrap.
     markers: dict[str, str]
+    # The fields of an env.platform.Platform.
+    platform: dict[str, str] = field(default_factory=dict)
+    # With ``everything``: each installed distribution, canonical name -> (version, requires).
+    everything: dict[str, tuple[str, list[str]]] = field(default_factory=dict)
 
 
-def probe(python: Path, dists: Sequence[str],
-          imports: Mapping[str, Sequence[str]]) -> ProbeResult:
-    """Ask ``python`` for the named distributions and try the named imports."""
-    request = json.dumps({"dists": list(dists),
-                          "imports": {k: list(v) for k, v in imports.items()}})
+def probe(python: Path, dists: Sequence[str] = (),
+          imports: Mapping[str, Sequence[str]] | None = None, *, everything: bool = False,
+          isolated: bool = False) -> ProbeResult:
+    """Ask ``python`` what it is, for the named distributions (or, with ``everything``, all of
+    them) and try the named imports. ``isolated`` runs it with ``-I``: what the binary is,
+    whatever PYTHON* variables say."""
+    request = json.dumps({"dists": list(dists), "everything": everything,
+                          "imports": {k: list(v) for k, v in (imports or {}).items()}})
+    flags = ("-I",) if isolated else ()
     try:
-        result = process.run(python, "-c", _SCRIPT, request,
+        result = process.run(python, *flags, "-c", _SCRIPT, request,
                              what=f"the interpreter {python} does not run")
     except ProcessError as e:
         # The script is 40 lines: the message names what it does, and -v shows it whole.
@@ -89,7 +110,9 @@ def probe(python: Path, dists: Sequence[str],
                            f"the interpreter {python} gave no usable answer") from None
     return ProbeResult(raw["version"],
                        {n: _dist(v) for n, v in raw["dists"].items()},
-                       raw["imports"], raw["markers"])
+                       raw["imports"], raw["markers"], raw["platform"],
+                       {canonical(n): (str(v), [str(r) for r in requires])
+                        for n, v, requires in raw["everything"]})
 
 
 def _dist(raw: dict[str, object] | None) -> Dist | None:

@@ -20,6 +20,22 @@ _SIMPLE_REQUIREMENT: Final = (rf"\s*{_NAME}\s*(?:\[\s*{_NAME}(?:\s*,\s*{_NAME})*
                               rf"\s*(?:{_BOUND}(?:\s*,\s*{_BOUND})*)?\s*")
 
 
+_NAME_SEP: Final = re.compile(r"[-_.]+")
+_LEADING_NAME: Final = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
+
+
+def canonical(name: str) -> str:
+    """PEP 503 normalised project name."""
+    return _NAME_SEP.sub("-", name).lower()
+
+
+def requirement_name(text: str) -> str | None:
+    """The canonical name a requirement starts with (``Foo_Bar[x]>=1`` -> ``foo-bar``); None for
+    text that starts with none. No packaging import: every caller is on a path that avoids it."""
+    match = _LEADING_NAME.match(text)
+    return canonical(match[1]) if match else None
+
+
 def validate_requirements(config: Config) -> None:
     """Every requirement must be PEP 508; the error quotes the bad one."""
     simple = re.compile(_SIMPLE_REQUIREMENT)

@@ -11,8 +11,9 @@ import errno
 import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Final
+from typing import BinaryIO, Final
 
 from bootstrap.errors import BootstrapError
 from bootstrap.primitives.fs import fsync_dir, temp_name, write_file
@@ -42,19 +43,45 @@ _SYS_RENAMEAT2: Final = {"x86_64": 316, "aarch64": 276, "i686": 353, "armv7l": 3
 _UNSUPPORTED: Final = {errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP}
 
 
-def write_atomic(path: Path, data: bytes, *, attempts: int = WRITE_ATTEMPTS) -> None:
+@contextlib.contextmanager
+def writing(path: Path, *, durable: bool = True) -> Iterator[BinaryIO]:
+    """A new file whose bytes replace ``path`` only once the block ends without an error.
+
+    For content streamed in (a snapshot archive of hundreds of MB) where :func:`write_atomic`
+    would need it all in memory. The temp file is a :func:`fs.temp_name` sibling, so a killed
+    writer's leftover names its pid; on any error it is removed and ``path`` is untouched.
+    ``durable`` fsyncs the file before the rename and the directory after it: a power loss
+    then leaves the old bytes or the new, never an empty file under the new name.
+    """
+    tmp = temp_name(path)
+    try:
+        with open(tmp, "xb") as out:
+            yield out
+            if durable:
+                out.flush()
+                os.fsync(out.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        _unlink_quietly(tmp)
+        raise
+    if durable:
+        fsync_dir(path.parent)
+
+
+def write_atomic(path: Path, data: bytes, *, attempts: int = WRITE_ATTEMPTS,
+                 durable: bool = True) -> None:
     """Replace ``path`` with ``data``: temp file beside it, fsync, ``os.replace``, fsync dir.
 
     Writing in place would leave a truncated file if we were killed mid-write (the marker of a
     SIGKILLed session must stay valid). The replace is retried because on Windows it fails while
     a reader holds the file open; if every attempt fails the temp file is removed, ``path`` keeps
-    its previous bytes, and the last error is raised.
+    its previous bytes, and the last error is raised. ``durable`` as for :func:`writing`.
     """
     tmp = temp_name(path)
     try:
         for attempt in range(1, attempts + 1):
             try:
-                write_file(tmp, data, sync=True)
+                write_file(tmp, data, sync=durable)
                 os.replace(tmp, path)
                 break
             except OSError as e:
@@ -67,6 +94,8 @@ def write_atomic(path: Path, data: bytes, *, attempts: int = WRITE_ATTEMPTS) -> 
     finally:
         if tmp.exists():
             _unlink_quietly(tmp)
+    if not durable:
+        return
     try:
         fsync_dir(path.parent)
     except OSError as e:

@@ -142,16 +142,24 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def temp_name(path: Path, tag: str = "tmp") -> Path:
-    """A unique hidden sibling of ``path`` naming its writer's pid, so leftovers can be traced
-    to a process (and reaped once it is gone): ``.<name>.<tag>-<pid>-<token>``."""
+def owned_token() -> str:
+    """``<pid>-<token>``: unique, and naming the process that made it, so whatever carries it
+    can be traced to its writer and reaped once that process is gone. Every temp, staging and
+    retired name the tool makes ends with one."""
     # os.urandom, not secrets: the same bytes, without importing hmac and friends (~3 ms).
-    return path.with_name(f".{path.name}.{tag}-{os.getpid()}-{os.urandom(4).hex()}")
+    return f"{os.getpid()}-{os.urandom(4).hex()}"
 
 
-def owner_pid(name: str, tag: str) -> int | None:
-    """The pid in a :func:`temp_name`-style name ``...<tag>-<pid>-<token>``; None if absent."""
-    _, sep, rest = name.rpartition(f"{tag}-")
+def temp_name(path: Path, tag: str = "tmp") -> Path:
+    """A unique hidden sibling of ``path`` naming its writer's pid:
+    ``.<name>.<tag>-<pid>-<token>``."""
+    return path.with_name(f".{path.name}.{tag}-{owned_token()}")
+
+
+def owner_pid(name: str, tag: str = "") -> int | None:
+    """The pid in a name ``...<tag>-<pid>-<token>`` (:func:`temp_name`), or ``<pid>-<token>``
+    with no tag (:func:`owned_token`); None if absent."""
+    _, sep, rest = name.rpartition(f"{tag}-") if tag else ("", "-", name)
     pid_text = rest.split("-", 1)[0]
     return int(pid_text) if sep and pid_text.isdigit() and int(pid_text) > 0 else None
 

@@ -65,7 +65,7 @@ def _read_holder(lock_file: Path) -> int | None:
     return pid if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 else None
 
 
-def probe(venv: Path) -> LockInfo:
+def inspect(venv: Path) -> LockInfo:
     """Whether someone holds the lock, without waiting and without creating anything."""
     path = lock_path(venv)
     if sys.platform == "win32" or not path.exists():

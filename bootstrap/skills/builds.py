@@ -38,6 +38,7 @@ from bootstrap.env.uv import Uv, environment
 from bootstrap.env.venv import interpreter, python_version, scripts_dir
 from bootstrap.errors import BootstrapError
 from bootstrap.primitives import log, process
+from bootstrap.primitives.atomic import write_atomic
 from bootstrap.primitives.fs import read_state_file, removed_on_exit
 from bootstrap.skills import buildcache
 from bootstrap.skills.buildcache import Cache
@@ -234,7 +235,7 @@ def _item(skill: PythonSkill, workdir: Path, publish: Publish) -> dict[str, obje
 
 # -- after uv installed the wheels -------------------------------------------------------------
 
-def adopt(venv: Path, built: Mapping[PythonSkill, Path]) -> None:
+def record_editables(venv: Path, built: Mapping[PythonSkill, Path]) -> None:
     """Record each installed wheel as the editable install of its skill, as uv records its own.
 
     A record we cannot write costs nothing but metadata (the skill imports either way): a
@@ -296,12 +297,10 @@ def _rewrite(dist_info: Path, files: Mapping[str, bytes]) -> None:
     lines = [line for line in record.read_text(encoding="utf-8").splitlines()
              if line and line.split(",", 1)[0] not in {prefix + n for n in files}]
     for name, data in files.items():
-        # Replaced, not rewritten in place: uv links files from its cache into venvs.
-        temp = dist_info / f".{name}.tmp"
-        temp.write_bytes(data)
-        os.replace(temp, dist_info / name)
+        # Replaced, not rewritten in place: uv links files from its cache into venvs. Not
+        # durable (no fsync): metadata repair re-derives after a power loss, and four fsyncs
+        # per skill would cost the cold path more than the records are worth.
+        write_atomic(dist_info / name, data, durable=False)
         digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
         lines.append(f"{prefix}{name},sha256={digest},{len(data)}")
-    temp = dist_info / ".RECORD.tmp"
-    temp.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    os.replace(temp, record)
+    write_atomic(record, ("\n".join(lines) + "\n").encode(), durable=False)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
-import re
 import stat
 import time
 from collections.abc import Iterable, Mapping
@@ -19,19 +18,11 @@ from pathlib import Path
 from typing import Final
 
 from bootstrap.config import PYPROJECT, Skill
+from bootstrap.env.requirements import canonical, requirement_name
 from bootstrap.primitives.fs import write_file
 
 # Characters uv cannot take in a local project's path (see unusable_path_problem).
 _UV_UNUSABLE: Final = frozenset("#\n\r")
-_NAME_SEP = re.compile(r"[-_.]+")
-_REQ_NAME = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
-
-
-def canonical(name: str) -> str:
-    """PEP 503 normalised project name."""
-    return _NAME_SEP.sub("-", name).lower()
-
-
 # What pathlib's is_file() treats as "no such file" rather than raising.
 _ABSENT: Final = frozenset({errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP})
 # A process that calls ensure() at every kernel start re-hashes only the pyproject files whose
@@ -108,8 +99,7 @@ def load_python_skill(skill: Skill) -> PythonSkill:
         return PythonSkill(skill, digest, "", frozenset(),
                            f"{skill.pyproject}: no [project] name: not an installable package")
     deps = project.get("dependencies", [])
-    names = {canonical(m.group(1)) for d in deps if isinstance(d, str)
-             if (m := _REQ_NAME.match(d))}
+    names = {n for d in deps if isinstance(d, str) if (n := requirement_name(d))}
     return PythonSkill(skill, digest, canonical(project["name"]), frozenset(names),
                        build_system=_build_system(data.get("build-system")))
 

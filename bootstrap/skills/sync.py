@@ -106,7 +106,7 @@ class _Sync:
             forced = [a for s in group if s.name in self.reinstall
                       for a in ("--reinstall-package", s.project)]
             self.uv.install(self.python, ["-r", str(reqs), *forced], what=what)
-            builds.adopt(self.config.venv, {s: wheels[s.name] for s in group
+            builds.record_editables(self.config.venv, {s: wheels[s.name] for s in group
                                                if s.name in wheels})
 
 
@@ -158,10 +158,10 @@ class Riders:
         """What the runtime's ``uv pip install`` adds to install them."""
         return ["-r", str(self.requirements)] if self.requirements else []
 
-    def adopt(self, venv: Path) -> dict[str, SkillRecord]:
+    def landed(self, venv: Path) -> dict[str, SkillRecord]:
         """After uv installed them into ``venv``: record them as uv records editables; their
         marker records."""
-        builds.adopt(venv, {s: self.wheels[s.name] for s in self.skills})
+        builds.record_editables(venv, {s: self.wheels[s.name] for s in self.skills})
         return {s.name: _record_of(s) for s in self.skills}
 
 

@@ -34,7 +34,6 @@ from bootstrap.primitives import process
 from bootstrap.primitives.tar import BadArchive, Member, Readable, Reader, write_archive
 
 # The one error a snapshot restore raises for an archive it cannot use.
-BadSnapshot = BadArchive
 
 MANIFEST: Final = "kernel-bootstrap-snapshot.json"
 TOP: Final = "venv"
@@ -63,13 +62,13 @@ def open_snapshot(file: Readable, archive: str | Path) -> tuple[dict[str, Any], 
     reader = Reader(file, archive, vetting.admit)
     first, data = reader.first()
     if first.name != MANIFEST or first.mode & 0o6000:
-        raise BadSnapshot(f"{archive}: no manifest; not a kernel-bootstrap snapshot")
+        raise BadArchive(f"{archive}: no manifest; not a kernel-bootstrap snapshot")
     try:
         manifest = json.loads(data)
     except ValueError:
-        raise BadSnapshot(f"{archive}: corrupt manifest") from None
+        raise BadArchive(f"{archive}: corrupt manifest") from None
     if not isinstance(manifest, dict):
-        raise BadSnapshot(f"{archive}: corrupt manifest")
+        raise BadArchive(f"{archive}: corrupt manifest")
     return manifest, reader
 
 
@@ -77,7 +76,7 @@ def open_for(file: Readable, archive: str | Path, key: str, platform: dict[str, 
     """:func:`open_snapshot`, refusing a snapshot built for another key or platform."""
     manifest, reader = open_snapshot(file, archive)
     if manifest.get("key") != key or manifest.get("platform") != platform:
-        raise BadSnapshot(f"{archive}: built for another key or platform")
+        raise BadArchive(f"{archive}: built for another key or platform")
     return reader
 
 
@@ -101,7 +100,7 @@ class Vetting:
     def admit(self, m: Member) -> None:
         problem = self._problem(m)
         if problem:
-            raise BadSnapshot(f"{self.archive}: unsafe member {m.name!r}: {problem}")
+            raise BadArchive(f"{self.archive}: unsafe member {m.name!r}: {problem}")
         if m.kind in (b"1", b"2"):
             self.links[m.name] = m.link if m.kind == b"2" else ""
 
@@ -210,7 +209,7 @@ def extract(reader: Reader, into: Path) -> None:
     except ProcessError as e:
         # Every member was vetted: what tar still refuses (a directory where the archive puts
         # a file...) makes the archive unusable, not the machine.
-        raise BadSnapshot(f"{reader.archive}: {e}") from None
+        raise BadArchive(f"{reader.archive}: {e}") from None
 
 
 def _grow_pipe(pipe: IO[bytes]) -> None:
@@ -236,4 +235,4 @@ def _extract_with_tarfile(reader: Reader, into: Path) -> None:
             with tarfile.open(fileobj=copy, mode="r:") as tar:
                 tar.extractall(into, filter="fully_trusted")  # vetted above
         except (tarfile.TarError, OSError) as e:
-            raise BadSnapshot(f"{reader.archive}: unreadable archive: {e}") from None
+            raise BadArchive(f"{reader.archive}: unreadable archive: {e}") from None

@@ -31,14 +31,15 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Final
 
 from bootstrap.primitives import log
+from bootstrap.primitives.tar import BadArchive
 from bootstrap.snapshots import cloud, compression
-from bootstrap.snapshots.archive import TOP, BadSnapshot, extract, open_for, write_snapshot
+from bootstrap.snapshots.archive import TOP, extract, open_for, write_snapshot
 
 if TYPE_CHECKING:
     from obstore import ObjectMeta
     from obstore.store import ObjectStore
 
-    from bootstrap.snapshots.store import Platform
+    from bootstrap.env.platform import Platform
 
 SUFFIX: Final = ".tar"  # the container; compression is told by the content, not the name
 _STREAM_CHUNK: Final = 1 << 20
@@ -81,7 +82,7 @@ class BucketStore:
         return f"{self.url}/{key}{SUFFIX}"
 
     def _failed(self, what: str, error: BaseException, **fields: str) -> None:
-        if not isinstance(error, FileNotFoundError | BadSnapshot):
+        if not isinstance(error, FileNotFoundError | BadArchive):
             self.unreachable = True
         hint = {} if cloud.has_credentials() else {
             "hint": "no AWS credentials in the environment or ~/.aws/credentials"}
@@ -107,7 +108,7 @@ class BucketStore:
     def restore(self, key: str, into: Path, platform: Platform) -> Path:
         """Stream the snapshot for ``key`` into ``into``; return the venv tree's path.
 
-        Raises BadSnapshot naming the object for anything that makes it unusable: not found,
+        Raises BadArchive naming the object for anything that makes it unusable: not found,
         unreachable, no recorded digest, wrong key or platform, unsafe members, a size or
         digest that differs from what was recorded when it was written.
         """
@@ -122,15 +123,15 @@ class BucketStore:
             into.mkdir(parents=True)
             extract(reader, into)
             raw.drain()
-        except BadSnapshot:
+        except BadArchive:
             raise
         except OSError as e:
-            raise BadSnapshot(f"{url}: unreadable: {cloud.describe(e)}") from None
+            raise BadArchive(f"{url}: unreadable: {cloud.describe(e)}") from None
         except Exception as e:  # obstore's own error types: not found, refused, timed out
-            raise BadSnapshot(f"{url}: {cloud.describe(e)}") from None
+            raise BadArchive(f"{url}: {cloud.describe(e)}") from None
         raw.check(size, sha)
         if not (into / TOP / "pyvenv.cfg").is_file():
-            raise BadSnapshot(f"{url}: holds no venv")
+            raise BadArchive(f"{url}: holds no venv")
         return into / TOP
 
     # -- writing -----------------------------------------------------------------------------
@@ -235,10 +236,10 @@ def _recorded(attributes: dict[str, str], size: int, url: str) -> tuple[int, str
     try:
         recorded, sha = int(attributes[_META_SIZE]), attributes[_META_SHA]
     except (KeyError, ValueError):
-        raise BadSnapshot(f"{url}: no recorded size and digest (not written by "
+        raise BadArchive(f"{url}: no recorded size and digest (not written by "
                           "kernel-bootstrap, or its metadata was lost)") from None
     if recorded != size:
-        raise BadSnapshot(f"{url}: truncated or replaced: {size} bytes, written as {recorded}")
+        raise BadArchive(f"{url}: truncated or replaced: {size} bytes, written as {recorded}")
     return recorded, sha
 
 
@@ -283,7 +284,7 @@ class _Body:
 
     def check(self, size: int, sha256: str) -> None:
         if self.size != size:
-            raise BadSnapshot(f"{self.url}: truncated: {self.size} bytes of {size}")
+            raise BadArchive(f"{self.url}: truncated: {self.size} bytes of {size}")
         if self.digest.hexdigest() != sha256:
-            raise BadSnapshot(f"{self.url}: corrupt: its sha256 differs from the one recorded "
+            raise BadArchive(f"{self.url}: corrupt: its sha256 differs from the one recorded "
                               "when it was written")

@@ -16,7 +16,6 @@ answer costs a warning, never a hang. Error text never carries a secret (:func:`
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, cast
 
@@ -28,34 +27,12 @@ if TYPE_CHECKING:
 EXTRA_HINT: Final = "pip install 'kernel-bootstrap[cloud]'"
 TIMEOUT_ENV: Final = "KERNEL_BOOTSTRAP_SNAPSHOT_TIMEOUT"
 DEFAULT_TIMEOUT: Final = 5.0
-SCHEMES: Final = ("s3", "gs", "az")
 _SECRET_ENV: Final = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_TOKEN",
                       "AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_SAS_KEY",
                       "GOOGLE_SERVICE_ACCOUNT_KEY")
 _FILE_KEYS: Final = {"aws_access_key_id": "access_key_id",
                      "aws_secret_access_key": "secret_access_key",
                      "aws_session_token": "session_token"}
-
-
-@dataclass(frozen=True)
-class Bucket:
-    """A snapshot store in object storage: ``s3://BUCKET/PREFIX`` (gs:// and az:// alike)."""
-
-    url: str
-
-    def __str__(self) -> str:
-        return self.url
-
-
-def bucket_url(value: str) -> Bucket | None:
-    """The bucket ``value`` names, None if it is no URL (a directory); ValueError for a URL
-    with another scheme or no bucket name (the prefix may be empty)."""
-    if "://" not in value:
-        return None
-    scheme, _, rest = value.partition("://")
-    if scheme not in SCHEMES or not rest.split("/", 1)[0]:
-        raise ValueError(value)
-    return Bucket(value.rstrip("/"))
 
 
 class Unavailable(BootstrapError):

@@ -23,7 +23,6 @@ each of these must be a real directory: a symlink planted there is refused, neve
 from __future__ import annotations
 
 import os
-import secrets
 import time
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, suppress
@@ -37,6 +36,7 @@ from bootstrap.primitives.atomic import DiskError
 from bootstrap.primitives.fs import (
     fsync_dir,
     is_real_dir,
+    owned_token,
     owner_pid,
     pid_alive,
     remove_tree,
@@ -170,7 +170,7 @@ def _publish_one(state: _State, tree: SkillTree, new_hash: str) -> PublishResult
     live = state.root / tree.name
     if installed_hash(state.hashes, live) == new_hash:
         return PublishResult(tree.name, live, new_hash, changed=False, method="unchanged")
-    container = state.staging / f"{os.getpid()}-{secrets.token_hex(4)}"
+    container = state.staging / owned_token()
     with removed_on_exit(container):
         staged = _stage(tree, new_hash, container)
         try:
@@ -213,7 +213,7 @@ def _site(state: _State) -> swap.Site:
 
 
 def _retired_slot(state: _State, name: str) -> Path:
-    container = state.retired / f"{time.time_ns()}-{os.getpid()}-{secrets.token_hex(4)}"
+    container = state.retired / f"{time.time_ns()}-{owned_token()}"
     container.mkdir()
     return container / name
 
@@ -251,11 +251,7 @@ def _recover_journals(state: _State) -> list[Path]:
 
 def _reap_staging(state: _State) -> list[Path]:
     # Containers are named "<pid>-<token>": the pid of the publish that made them.
-    def owner(name: str) -> int | None:
-        pid = name.split("-", 1)[0]
-        return int(pid) if pid.isdigit() else None
-
-    dead = [p for p in _children(state.staging) if not pid_alive(owner(p.name))]
+    dead = [p for p in _children(state.staging) if not pid_alive(owner_pid(p.name))]
     return [p for p in dead if _removed(p)]
 
 

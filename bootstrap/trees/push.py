@@ -1,15 +1,15 @@
-"""Push skill trees into runtimes: everything is validated first, then runtimes run in parallel.
+"""Push skill trees into targets: everything is validated first, then targets run in parallel.
 
 The harness we replace let two sources race for one destination and discovered a bad skill
 half-way through a copy. Here :func:`push` validates every source (SKILL.md, names, symlinks
 leaving the tree, special files, unreadable files), refuses two skills that would land on one
 destination (names equal up to case included, since a case-insensitive sandbox folds them) and
-only then sends anything, to at most ``jobs`` runtimes at a time. One runtime failing does not
+only then sends anything, to at most ``jobs`` targets at a time. One target failing does not
 stop the others; each gets its own :class:`~bootstrap.trees.targets.PushReport`.
 
-Library use (a harness with its own runtime object)::
+Library use (a harness with its own target object)::
 
-    reports = await bootstrap.trees.push([Path("skills/pdf")], "/skills", [my_runtime])
+    reports = await bootstrap.trees.push([Path("skills/pdf")], "/skills", [my_target])
 """
 
 from __future__ import annotations
@@ -24,36 +24,36 @@ from pathlib import Path
 from bootstrap.errors import BootstrapError, ConfigError, ProcessError, SkillError
 from bootstrap.primitives import log
 from bootstrap.trees.skilltree import SkillTree, check_collisions, load_skill_tree
-from bootstrap.trees.targets import PushReport, Runtime
+from bootstrap.trees.targets import PushReport, Target
 
-__all__ = ["PushReport", "Runtime", "load_trees", "push", "push_sync"]
+__all__ = ["PushReport", "Target", "load_trees", "push", "push_sync"]
 
 
 async def push(
-    sources: Sequence[Path], dest: str, runtimes: Sequence[Runtime], jobs: int = 8
+    sources: Sequence[Path], dest: str, targets: Sequence[Target], jobs: int = 8
 ) -> list[PushReport]:
-    """Push every skill in ``sources`` into ``dest`` of every runtime; one report per runtime,
+    """Push every skill in ``sources`` into ``dest`` of every target; one report per target,
     in the order given.
 
     Raises :class:`SkillError` / :class:`ConfigError` (exit 2) before anything is sent; a
-    runtime that fails is reported with ``ok=False`` rather than raised.
+    target that fails is reported with ``ok=False`` rather than raised.
     """
-    _check_request(dest, runtimes, jobs)
+    _check_request(dest, targets, jobs)
     trees = load_trees(sources)
     limit = asyncio.Semaphore(jobs)
 
-    async def one(runtime: Runtime) -> PushReport:
+    async def one(target: Target) -> PushReport:
         async with limit:
-            return await _push_one(runtime, trees, dest)
+            return await _push_one(target, trees, dest)
 
-    return list(await asyncio.gather(*(one(r) for r in runtimes)))
+    return list(await asyncio.gather(*(one(r) for r in targets)))
 
 
 def push_sync(
-    sources: Sequence[Path], dest: str, runtimes: Sequence[Runtime], jobs: int = 8
+    sources: Sequence[Path], dest: str, targets: Sequence[Target], jobs: int = 8
 ) -> list[PushReport]:
     """:func:`push` for callers without an event loop."""
-    return asyncio.run(push(sources, dest, runtimes, jobs))
+    return asyncio.run(push(sources, dest, targets, jobs))
 
 
 def load_trees(sources: Sequence[Path]) -> list[SkillTree]:
@@ -65,16 +65,16 @@ def load_trees(sources: Sequence[Path]) -> list[SkillTree]:
     return trees
 
 
-def _check_request(dest: str, runtimes: Sequence[Runtime], jobs: int) -> None:
+def _check_request(dest: str, targets: Sequence[Target], jobs: int) -> None:
     if jobs < 1:
         raise ConfigError(f"jobs must be at least 1, not {jobs}")
     if not dest or "\0" in dest:
         raise ConfigError(f"--dest {dest!r}: not a usable path")
     if posixpath.normpath(dest) in ("/", "//"):
         raise ConfigError("--dest /: refusing to push skills into the file system root")
-    if not runtimes:
+    if not targets:
         raise ConfigError("no runtime to push into")
-    names = [r.name for r in runtimes]
+    names = [r.name for r in targets]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
         # Two pushes into one sandbox's DEST would race on the same renames.
@@ -82,7 +82,7 @@ def _check_request(dest: str, runtimes: Sequence[Runtime], jobs: int) -> None:
 
 
 def _check_readable(tree: SkillTree) -> None:
-    """An unreadable file would otherwise abort the stream half-way, after other runtimes got
+    """An unreadable file would otherwise abort the stream half-way, after other targets got
     theirs: find it now, while nothing has been sent."""
     for e in tree.entries:
         need = os.R_OK | os.X_OK if e.kind == "dir" else os.R_OK
@@ -90,15 +90,15 @@ def _check_readable(tree: SkillTree) -> None:
             raise SkillError(f"skill {tree.name!r}: {e.path}: permission denied")
 
 
-async def _push_one(runtime: Runtime, trees: Sequence[SkillTree], dest: str) -> PushReport:
+async def _push_one(target: Target, trees: Sequence[SkillTree], dest: str) -> PushReport:
     start = time.monotonic()
     try:
-        report = await runtime.push(trees, dest)
+        report = await target.push(trees, dest)
     except (BootstrapError, OSError) as e:
-        # A ProcessError already names the runtime in its first line; anything else gets it.
-        message = str(e) if isinstance(e, ProcessError) else f"push to {runtime.name} failed: {e}"
-        log.debug("push failed", runtime=runtime.name, error=message)
-        return PushReport(runtime.name, dest, ok=False, error=message)
-    log.debug("pushed", runtime=runtime.name, skills=len(report.skills),
+        # A ProcessError already names the target in its first line; anything else gets it.
+        message = str(e) if isinstance(e, ProcessError) else f"push to {target.name} failed: {e}"
+        log.debug("push failed", runtime=target.name, error=message)
+        return PushReport(target.name, dest, ok=False, error=message)
+    log.debug("pushed", runtime=target.name, skills=len(report.skills),
               seconds=round(time.monotonic() - start, 3))
     return report

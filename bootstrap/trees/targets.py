@@ -1,17 +1,17 @@
 """Where ``push`` copies skill trees to: this machine, or any sandbox reached by an exec prefix.
 
-The harness we replace wrote one file per process on exec-based runtimes (32 files: 6.1 s
+The harness we replace wrote one file per process on exec-based targets (32 files: 6.1 s
 sequential, 1.0 s with ``asyncio.gather``), held the whole tree in memory, needed a separate
 ``chmod +x`` round trip because writes carry bytes and not modes, and let two sources race for
-one destination. Here an exec runtime gets ONE process per push, ``PREFIX sh -c SCRIPT``, fed an
+one destination. Here an exec target gets ONE process per push, ``PREFIX sh -c SCRIPT``, fed an
 uncompressed tar stream built from the validated :class:`~bootstrap.trees.skilltree.SkillTree`:
 file contents are read from disk in chunks straight into the pipe (:mod:`bootstrap.primitives.tar`),
 modes, mtimes and symlinks travel inside the archive, and the script renames each complete
 skill into place. Pushes from separate invocations into one DEST take turns for the renames
 (a ``mkdir`` lock beside DEST), so they never nest one tree inside another or mix two.
 
-Runtimes are registered in one place, :func:`runtime_for`; a harness may pass any object that
-satisfies :class:`Runtime` to :func:`bootstrap.trees.push.push`.
+Targets are registered in one place, :func:`target_for`; a harness may pass any object that
+satisfies :class:`Target` to :func:`bootstrap.trees.push.push`.
 """
 
 from __future__ import annotations
@@ -42,11 +42,11 @@ COMPLETE_MARKER: Final = ".kb-push-complete"
 @dataclass(frozen=True)
 class PushedSkill:
     name: str
-    path: str  # where it landed, as the runtime names it
+    path: str  # where it landed, as the target names it
 
 
 class ReportJSON(TypedDict):
-    runtime: str
+    runtime: str  # the key push --json has always printed: the target's name
     dest: str
     ok: bool
     skills: list[dict[str, str]]
@@ -55,9 +55,9 @@ class ReportJSON(TypedDict):
 
 @dataclass(frozen=True)
 class PushReport:
-    """What one runtime ended up with; ``ok`` False carries the error message."""
+    """What one target ended up with; ``ok`` False carries the error message."""
 
-    runtime: str
+    runtime: str  # the target's name (``runtime`` in push --json)
     dest: str
     ok: bool
     skills: tuple[PushedSkill, ...] = ()
@@ -69,7 +69,7 @@ class PushReport:
                 "error": self.error}
 
 
-class Runtime(Protocol):
+class Target(Protocol):
     """A place skill trees are pushed into.
 
     ``push`` receives trees that are already validated and free of collisions; it returns a
@@ -82,18 +82,18 @@ class Runtime(Protocol):
     async def push(self, trees: Sequence[SkillTree], dest: str) -> PushReport: ...
 
 
-def runtime_for(exec_prefix: str | None) -> Runtime:
-    """The one registry of built-in runtimes: no prefix is this machine, a prefix is exec."""
+def target_for(exec_prefix: str | None) -> Target:
+    """The one registry of built-in targets: no prefix is this machine, a prefix is exec."""
     if exec_prefix is None:
-        return LocalRuntime()
-    return ExecRuntime.from_prefix(exec_prefix)
+        return LocalTarget()
+    return ExecTarget.from_prefix(exec_prefix)
 
 
 # --- local ------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class LocalRuntime:
+class LocalTarget:
     """A directory on this machine, written by :func:`bootstrap.trees.publish.publish_trees` (atomic
     swap, under publish's lock: concurrent pushes into one DEST serialise there)."""
 
@@ -103,7 +103,7 @@ class LocalRuntime:
     async def push(self, trees: Sequence[SkillTree], dest: str) -> PushReport:
         from bootstrap.trees.publish import publish_trees
 
-        # publish is blocking file I/O: a thread keeps the other runtimes' streams flowing.
+        # publish is blocking file I/O: a thread keeps the other targets' streams flowing.
         results = await asyncio.to_thread(publish_trees, trees, Path(dest).expanduser(),
                                           lock_timeout=self.lock_timeout)
         skills = tuple(PushedSkill(r.name, str(r.path)) for r in results)
@@ -114,13 +114,13 @@ class LocalRuntime:
 
 
 @dataclass(frozen=True)
-class ExecRuntime:
+class ExecTarget:
     """Any command prefix that runs a command in the target with our stdin attached."""
 
     argv: tuple[str, ...]
 
     @classmethod
-    def from_prefix(cls, prefix: str) -> ExecRuntime:
+    def from_prefix(cls, prefix: str) -> ExecTarget:
         try:
             argv = tuple(shlex.split(prefix))
         except ValueError as e:
@@ -171,7 +171,7 @@ def remote_dest(dest: str) -> str:
 
 
 def _sh_path(path: str) -> str:
-    """A shell word for ``path``; ``~`` and ``~/...`` mean the runtime's $HOME, as for scp."""
+    """A shell word for ``path``; ``~`` and ``~/...`` mean the target's $HOME, as for scp."""
     if path == "~":
         return '"$HOME"'
     if path.startswith("~/"):
@@ -184,19 +184,19 @@ def _sh_path(path: str) -> str:
 # non-root), dirname, basename, kill -0, printf.
 _SCRIPT: Final = r"""set -u
 stage=
-probe=
+link_test=
 lock=
 held=
 say() { printf 'kernel-bootstrap push: %s\n' "$*" >&2; }
 cleanup() {
   if [ -n "$held" ]; then rm -rf "$lock"; held=; fi
-  if [ -n "$probe" ]; then rm -f "$probe"; probe=; fi
+  if [ -n "$link_test" ]; then rm -f "$link_test"; link_test=; fi
   if [ -n "$stage" ]; then rm -rf "$stage"; fi
 }
 fail() { say "$*"; cleanup; exit 1; }
 trap 'cleanup; exit 1' HUP INT TERM
 parent=$(dirname "$dest") && base=$(basename "$dest") || fail "bad destination $dest"
-# Staging and probe links left by pushes that were killed (their shell no longer runs) go first.
+# Staging and link tests left by pushes that were killed (their shell no longer runs) go first.
 for old in "$parent/.$base.kb-push."* "$dest/.kb-push."*; do
   [ -e "$old" ] || [ -L "$old" ] || continue
   pid=${old##*.}
@@ -213,11 +213,11 @@ mkdir -p "$dest" || fail "cannot create $dest"
 # parent is not writable, stage in a hidden directory inside DEST (the lock too: every push
 # into one DEST makes the same choice, so they all meet at one lock).
 same_mount() {
-  : > "$stage/probe" 2>/dev/null || return 1
-  probe="$dest/.kb-push.$token.$$"
-  ln "$stage/probe" "$probe" 2>/dev/null || { probe=; return 1; }
-  rm -f "$probe" "$stage/probe"
-  probe=
+: > "$stage/link-test" 2>/dev/null || return 1
+  link_test="$dest/.kb-push.$token.$$"
+  ln "$stage/link-test" "$link_test" 2>/dev/null || { link_test=; return 1; }
+  rm -f "$link_test" "$stage/link-test"
+  link_test=
 }
 if mkdir "$parent/.$base.kb-push.$token.$$" 2>/dev/null; then
   stage="$parent/.$base.kb-push.$token.$$"
