@@ -37,11 +37,14 @@ def main() -> int:
                           XDG_DATA_HOME=str(home / ".local/share"),
                           XDG_CONFIG_HOME=str(home / ".config"),
                           XDG_STATE_HOME=str(home / ".local/state"),
-                          UV_CACHE_DIR=str(home / ".cache/uv"))
+                          UV_CACHE_DIR=str(home / ".cache/uv"),
+                          # As the tests run it: the fake uv runs no real build backend, so
+                          # uv's own editable builds (tests/conftest.py says the same).
+                          KERNEL_BOOTSTRAP_BATCH_BUILDS="0")
         for var in ("KERNEL_BOOTSTRAP_CONFIG", "KERNEL_BOOTSTRAP_VENV", "KERNEL_BOOTSTRAP_PYTHON",
                     "KERNEL_BOOTSTRAP_UV", "KERNEL_BOOTSTRAP_SNAPSHOTS", "VIRTUAL_ENV"):
             os.environ.pop(var, None)
-        from tests.test_kill_matrix import POINTS, run_matrix, sweep, table
+        from testing.killmatrix import POINTS, run_matrix, sweep, table
 
         began = time.monotonic()
         if args.sweep:

@@ -42,7 +42,7 @@ def isolated_home(
     monkeypatch.setenv("UV_CACHE_DIR", str(uv_cache))
     # The fake uv cannot run a real build backend, so its tests take uv's own editable builds;
     # the batched builds are tested against the real uv (tests/integration, RealWorld turns
-    # them back on) and directly (tests/test_editables.py).
+    # them back on) and directly (tests/integration/test_batched_builds.py).
     monkeypatch.setenv("KERNEL_BOOTSTRAP_BATCH_BUILDS", "0")
     for var in ("KERNEL_BOOTSTRAP_CONFIG", "KERNEL_BOOTSTRAP_VENV", "KERNEL_BOOTSTRAP_PYTHON",
                 "KERNEL_BOOTSTRAP_UV", "KERNEL_BOOTSTRAP_SNAPSHOTS", "VIRTUAL_ENV"):

@@ -123,6 +123,7 @@ def test_scripts_installed_by_a_requirement_run_from_the_final_path(world: World
 def test_a_script_naming_its_staging_path_is_refused_before_the_swap(tmp_path: Path) -> None:
     from bootstrap.config import Config
     from bootstrap.engine.ensure import _validate
+    from bootstrap.env.venv import Venv
 
     staged = tmp_path / ".venv.stage-1-aa"
     (staged / "bin").mkdir(parents=True)
@@ -131,7 +132,7 @@ def test_a_script_naming_its_staging_path_is_refused_before_the_swap(tmp_path: P
     (staged / "bin" / "tool").write_text(f"#!{staged}/bin/python\nprint(1)\n")
     config = Config(path=None, venv=tmp_path / "venv", python="3.11")
     with pytest.raises(BootstrapError, match="tool in the new venv refers to its staging path"):
-        _validate(staged, config)
+        _validate(Venv.at(staged), config)
 
 
 def test_a_venv_whose_parent_does_not_exist_gets_its_parent(world: World) -> None:

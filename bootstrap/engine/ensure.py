@@ -19,16 +19,15 @@ from bootstrap.config import Config
 from bootstrap.engine.results import Action, EnsureResult
 from bootstrap.engine.status import Status, status
 from bootstrap.env.identity import identity_of, runtime_inputs
-from bootstrap.env.marker import RuntimeRecord, SkillRecord, base_marker, marker_path, write_marker
+from bootstrap.env.marker import RuntimeRecord, SkillRecord, base_marker, write_marker
 from bootstrap.env.requirements import validate_requirements
 from bootstrap.env.uv import Uv, make_uv
 from bootstrap.env.venv import (
+    Venv,
     interpreter,
     interrupted_rebuild,
     is_venv,
-    python_version,
     recover,
-    scripts_dir,
     staging_path,
     swap_into_place,
 )
@@ -55,11 +54,12 @@ def ensure(config: Config, *, lock_timeout: float = 300.0, force: bool = False,
         from bootstrap.engine.override import ensure_override
 
         return ensure_override(config)
+    live = Venv.at(config.venv)
     config_stamps = warm.stamps(_config_paths(config))
-    venv_stamps = warm.stamps(_venv_paths(config))
+    venv_stamps = warm.stamps(_venv_paths(live))
     found = status(config)
     if found.ready and not force and not reinstall:
-        _remember(config, config_stamps + venv_stamps)
+        _remember(config, live, config_stamps + venv_stamps)
         return EnsureResult(found.python, config.venv, "ready")
     if force or not found.base_current:
         # Only a rebuild reads the requirements; a current runtime's were valid when it was
@@ -74,17 +74,18 @@ def ensure(config: Config, *, lock_timeout: float = 300.0, force: bool = False,
         cut_short = interrupted_rebuild(config.venv)
         recover(config.venv)
         # Another process may have finished this while we waited for the lock.
-        venv_stamps = warm.stamps(_venv_paths(config))
+        venv_stamps = warm.stamps(_venv_paths(live))
         found = status(config)
         if found.ready and not force and not reinstall:
-            _remember(config, config_stamps + venv_stamps)
+            _remember(config, live, config_stamps + venv_stamps)
             return EnsureResult(found.python, config.venv, "ready")
-        return _make_ready(config, found, force, reinstall, config_stamps,
+        return _make_ready(config, live, found, force, reinstall, config_stamps,
                            with_skills=not cut_short)
 
 
-def _make_ready(config: Config, found: Status, force: bool, reinstall: frozenset[str],
-                config_stamps: list[tuple[str, str]], *, with_skills: bool) -> EnsureResult:
+def _make_ready(config: Config, live: Venv, found: Status, force: bool,
+                reinstall: frozenset[str], config_stamps: list[tuple[str, str]], *,
+                with_skills: bool) -> EnsureResult:
     """Under the lock: sync the skills, after a rebuild (or restore) if the runtime needs one."""
     uv = make_uv(config.constraints, config.uv_args)
     skills_step = 1 if (found.pending or reinstall or found.stray) else 0
@@ -111,8 +112,8 @@ def _make_ready(config: Config, found: Status, force: bool, reinstall: frozenset
         snapshots.save(config.venv)
     if not outcome.failed:
         # Under the lock nobody else changes the venv: these stamps are of our final write.
-        _remember(config, config_stamps + warm.stamps(_venv_paths(config)))
-    return EnsureResult(interpreter(config.venv), config.venv, action,
+        _remember(config, live, config_stamps + warm.stamps(_venv_paths(live)))
+    return EnsureResult(live.python, config.venv, action,
                         tuple(outcome.installed), outcome.failed, tuple(outcome.removed))
 
 
@@ -148,14 +149,13 @@ def _config_paths(config: Config) -> list[str]:
     return list(dict.fromkeys(str(p) for p in paths))
 
 
-def _venv_paths(config: Config) -> list[str]:
-    venv = config.venv
-    return [str(venv / "pyvenv.cfg"), str(marker_path(venv)), str(interpreter(venv))]
+def _venv_paths(venv: Venv) -> list[str]:
+    return [str(venv.cfg), str(venv.marker), str(venv.python)]
 
 
-def _remember(config: Config, stamped: list[tuple[str, str]]) -> None:
+def _remember(config: Config, venv: Venv, stamped: list[tuple[str, str]]) -> None:
     if config.path is not None:
-        warm.save(str(config.path), str(config.venv), str(interpreter(config.venv)), stamped)
+        warm.save(str(config.path), str(venv.path), str(venv.python), stamped)
 
 
 def _say_why_rebuild(found: Status, force: bool) -> None:
@@ -181,16 +181,16 @@ def rebuild(config: Config, uv: Uv, snapshots: restore.Plan | None = None, *,
         restored = _restore(config, snapshots)
         if restored is not None:
             return restored, True, []
-    staged = staging_path(live)
+    staged = Venv.at(staging_path(live))
     skills: dict[str, SkillRecord] = {}
-    with removed_on_failure(staged):
+    with removed_on_failure(staged.path):
         progress.step("creating the venv")
-        uv.create_venv(staged, config.python)
+        uv.create_venv(staged.path, config.python)
         if config.lock is not None:
             progress.step(f"installing the pinned runtime from {config.lock.name}")
             from bootstrap.env import pins
 
-            pins.install_locked(uv, interpreter(staged), config.lock)
+            pins.install_locked(uv, staged.python, config.lock)
         elif config.requirements:
             skills = _install_runtime(config, uv, staged, with_skills)
         progress.step("checking the new venv")
@@ -201,13 +201,13 @@ def rebuild(config: Config, uv: Uv, snapshots: restore.Plan | None = None, *,
         runtime = _runtime_record(config, _validate(staged, config, ran=ran))
         # The base marker lands with the venv: a session killed during the skill sync leaves
         # a marker that says "runtime done", so the next one never rebuilds it.
-        write_marker(staged, base_marker(runtime, skills))
-        method = swap_into_place(staged, live)
+        write_marker(staged.path, base_marker(runtime, skills))
+        method = swap_into_place(staged.path, live)
     log.info("runtime ready", venv=str(live), swap=method)
     return runtime, False, sorted(skills)
 
 
-def _install_runtime(config: Config, uv: Uv, staged: Path,
+def _install_runtime(config: Config, uv: Uv, staged: Venv,
                      with_skills: bool) -> dict[str, SkillRecord]:
     """Install the runtime's requirements; return the marker records of skills installed
     with them.
@@ -217,7 +217,7 @@ def _install_runtime(config: Config, uv: Uv, staged: Path,
     If the call with skills fails, the runtime is installed alone (its own error is then the
     one shown) and the skills are left to the sync, which finds the bad ones.
     """
-    python = interpreter(staged)
+    python = staged.python
     what = "uv could not install the requirements"
     log.info("installing the runtime", requirements=list(config.requirements))
     riders = cached_riders(config, uv, python) if with_skills else nullcontext(Riders())
@@ -226,7 +226,7 @@ def _install_runtime(config: Config, uv: Uv, staged: Path,
         try:
             with uv.installing(python, [*config.requirements, *cached.args()], what=what):
                 build_ahead(config, uv, python, cached.rest)
-            return cached.landed(staged)
+            return cached.landed(staged.path)
         except UvError as e:
             if not cached.skills:
                 raise
@@ -260,7 +260,7 @@ def _restore(config: Config, snapshots: restore.Plan) -> RuntimeRecord | None:
     try:
         with removed_on_failure(staging):
             venv = snapshots.extract(staging)
-            runtime = _runtime_record(config, _validate(venv, config))
+            runtime = _runtime_record(config, _validate(Venv.at(venv), config))
             snapshots.claim_marker(venv, runtime)
             method = swap_into_place(venv, config.venv)
     except (BadArchive, BootstrapError) as e:
@@ -283,10 +283,10 @@ def _refuse_foreign_directory(live: Path) -> None:
         raise ConfigError(f"{live} exists and is not a directory; point `venv` elsewhere")
 
 
-def _validate(staged: Path, config: Config, *, ran: bool = False) -> str:
+def _validate(staged: Venv, config: Config, *, ran: bool = False) -> str:
     """The staged venv's interpreter runs (``ran``: uv has just run it), the ready-check
     passes, scripts are relocatable."""
-    python = interpreter(staged)
+    python = staged.python
     # Bounded: we hold the lock, and a ready-check that never returns must not wedge every
     # later start behind us (the system we replace hung kernels for 17 minutes).
     if not ran:
@@ -297,16 +297,16 @@ def _validate(staged: Path, config: Config, *, ran: bool = False) -> str:
                     what="the ready-check failed in the new venv; the old venv is unchanged")
     # A console script names its interpreter in its first lines (a shebang, or uv's relocatable
     # sh launcher); one naming the staging path would break once the venv is swapped in.
-    needle = str(staged).encode()
-    for script in sorted(scripts_dir(staged).iterdir()):
+    needle = str(staged.path).encode()
+    for script in sorted(staged.scripts.iterdir()):
         if script.is_file() and needle in b"\n".join(_head(script, 2)):
             raise BootstrapError(
-                f"{script.name} in the new venv refers to its staging path {staged}; it would "
-                "not run after the venv is moved into place (is uv older than 0.5?)"
+                f"{script.name} in the new venv refers to its staging path {staged.path}; it "
+                "would not run after the venv is moved into place (is uv older than 0.5?)"
             )
-    version = python_version(staged)
+    version = staged.version()
     if version is None:
-        raise BootstrapError(f"the new venv at {staged} has no readable pyvenv.cfg")
+        raise BootstrapError(f"the new venv at {staged.path} has no readable pyvenv.cfg")
     return version
 
 

@@ -17,7 +17,7 @@ from bootstrap.env import pins
 from bootstrap.env.probe import probe
 from bootstrap.env.requirements import canonical, requirement_name
 from bootstrap.env.uv import make_uv
-from bootstrap.env.venv import interpreter
+from bootstrap.env.venv import Venv
 from bootstrap.errors import ProcessError
 from bootstrap.primitives import lock
 
@@ -86,7 +86,7 @@ def _same_version(have: str, pin: str) -> bool:
 
 def repair(config: Config, skill_projects: Iterable[str], lock_timeout: float) -> list[str]:
     """Remove what is neither pinned nor needed, reinstall drifted pins; say what was done."""
-    python = interpreter(config.venv)
+    python = Venv.at(config.venv).python
     with lock.hold(lock.lock_path(config.venv), lock_timeout, purpose="repair"):
         # Another process may have changed the venv since repair looked.
         found = inspect(config, python, skill_projects) if python.exists() else None

@@ -19,7 +19,7 @@ from bootstrap.engine.results import EnsureResult
 from bootstrap.engine.status import Status, status
 from bootstrap.env.probe import Dist, ProbeResult, probe, requirement_names, unmet_requirements
 from bootstrap.env.requirements import validate_requirements
-from bootstrap.env.venv import interpreter
+from bootstrap.env.venv import Venv
 from bootstrap.errors import ProcessError
 from bootstrap.primitives import process
 from bootstrap.skills.python_skill import PythonSkill, import_names, load_python_skill
@@ -140,7 +140,7 @@ def repair(config: Config, *, force: bool = False, lock_timeout: float = 300.0) 
     if config.lock is not None and status(config).base_current:
         done += exact.repair(config, _projects(config), lock_timeout)
     after = inspect(config)
-    return RepairReport(interpreter(config.venv), before.lines(), done, after.healthy,
+    return RepairReport(Venv.at(config.venv).python, before.lines(), done, after.healthy,
                         after.lines())
 
 

@@ -17,7 +17,7 @@ from typing import Any, Literal
 from bootstrap.config import Config, Skill
 from bootstrap.env.identity import describe_change, identity_of, runtime_inputs
 from bootstrap.env.marker import MarkerRead, read_marker
-from bootstrap.env.venv import interpreter, python_version
+from bootstrap.env.venv import Venv
 from bootstrap.skills.python_skill import pyproject_state
 
 RuntimeState = Literal["current", "stale", "missing"]
@@ -57,10 +57,9 @@ class Status:
 
 
 def status(config: Config) -> Status:
-    venv = config.venv
-    python = interpreter(venv)
-    marker = read_marker(venv)
-    runtime, why = _runtime_state(config, marker, python)
+    venv = Venv.at(config.venv)
+    marker = read_marker(venv.path)
+    runtime, why = _runtime_state(config, marker, venv)
     recorded: dict[str, Any] = marker.data["skills"] if marker.data else {}
     failed: dict[str, Any] = marker.data["failed"] if marker.data else {}
     # One stat per skill says whether it is a Python skill and, usually, its hash too.
@@ -69,7 +68,7 @@ def status(config: Config) -> Status:
                    for s, is_python, digest in found)
     python_names = {s.name for s, is_python, _ in found if is_python}
     stray = tuple(sorted(n for n in recorded if n not in python_names))
-    return Status(venv, python, marker, runtime, why, skills, stray)
+    return Status(venv.path, venv.python, marker, runtime, why, skills, stray)
 
 
 def _pyproject_state(skill: Skill) -> tuple[bool, str]:
@@ -82,15 +81,15 @@ def _pyproject_state(skill: Skill) -> tuple[bool, str]:
 
 
 def _runtime_state(config: Config, marker: MarkerRead,
-                   python: Path) -> tuple[RuntimeState, list[str]]:
+                   venv: Venv) -> tuple[RuntimeState, list[str]]:
     if marker.data is None:
-        reason = marker.problem or f"no marker in {config.venv}"
+        reason = marker.problem or f"no marker in {venv.path}"
         return "missing", [reason]
-    if not python.exists():
-        return "missing", [f"interpreter {python} does not exist"]
-    version = python_version(config.venv)
+    if not venv.python.exists():
+        return "missing", [f"interpreter {venv.python} does not exist"]
+    version = venv.version()
     if version is None:
-        return "missing", [f"{config.venv / 'pyvenv.cfg'} is missing or unreadable"]
+        return "missing", [f"{venv.cfg} is missing or unreadable"]
     inputs = runtime_inputs(config, version)
     recorded = marker.data["runtime"]
     if identity_of(inputs) != recorded["identity"]:

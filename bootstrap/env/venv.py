@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
@@ -33,6 +34,29 @@ def interpreter(venv: Path) -> Path:
 
 def scripts_dir(venv: Path) -> Path:
     return interpreter(venv).parent
+
+
+@dataclass(frozen=True)
+class Venv:
+    """A venv's layout, made once from its directory: the paths the tool reads and runs."""
+
+    path: Path
+    python: Path
+    scripts: Path
+    marker: Path
+    cfg: Path  # pyvenv.cfg: its existence alone does not mean the venv is complete
+
+    @classmethod
+    def at(cls, path: Path) -> Venv:
+        python = interpreter(path)
+        return cls(path, python, python.parent, path / MARKER_NAME, path / "pyvenv.cfg")
+
+    def site_packages(self) -> list[Path]:
+        """Where its distributions live (one directory in a venv uv or the stdlib made)."""
+        return [*self.path.glob("lib/python*/site-packages"), self.path / "Lib" / "site-packages"]
+
+    def version(self) -> str | None:
+        return python_version(self.path)
 
 
 def python_version(venv: Path) -> str | None:
@@ -107,7 +131,8 @@ def _site(live: Path) -> swap.Site:
 def _complete(staged: Path) -> bool:
     # The staged venv got its marker before the journal was written; one without it is not
     # the venv we meant to swap in, so the old one goes back.
-    return (staged / MARKER_NAME).is_file() and interpreter(staged).exists()
+    venv = Venv.at(staged)
+    return venv.marker.is_file() and venv.python.exists()
 
 
 def swap_into_place(staged: Path, live: Path) -> str:

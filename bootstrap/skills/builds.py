@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Final
 
 from bootstrap.env.uv import Uv, environment
-from bootstrap.env.venv import interpreter, python_version, scripts_dir
+from bootstrap.env.venv import Venv, python_version
 from bootstrap.errors import BootstrapError
 from bootstrap.primitives import log, process
 from bootstrap.primitives.atomic import write_atomic
@@ -188,13 +188,12 @@ Publish = Mapping[str, tuple[Path, Path, Mapping[str, object]]]
 
 def _build_group(backend: str, requires: tuple[str, ...], members: list[PythonSkill],
                  uv: Uv, python: Path, workdir: Path, publish: Publish) -> dict[str, Path]:
-    env = workdir / "env"
+    env = Venv.at(workdir / "env")
     # The venv's base interpreter (its bin/python links to it): uv has that one's description
     # cached from creating the venv, while asking about the link costs a child (~50 ms).
-    uv.run("venv", "--quiet", "--python", os.path.realpath(python), env,
+    uv.run("venv", "--quiet", "--python", os.path.realpath(python), env.path,
            what="uv could not create a build environment")
-    env_python = interpreter(env)
-    install = ["pip", "install", "--quiet", "--python", str(env_python), *uv.build_args]
+    install = ["pip", "install", "--quiet", "--python", str(env.python), *uv.build_args]
     if requires:
         uv.run(*install, *requires,
                what=f"uv could not install the build requirements {', '.join(requires)}")
@@ -208,9 +207,9 @@ def _build_group(backend: str, requires: tuple[str, ...], members: list[PythonSk
     log.debug("building editables in one process", backend=backend,
               skills=[s.name for s in members])
     # As uv runs a backend: the build environment active, its scripts first on PATH.
-    run_env = {**environment(), "VIRTUAL_ENV": str(env),
-               "PATH": os.pathsep.join([str(scripts_dir(env)), os.environ.get("PATH", "")])}
-    process.run(env_python, "-I", _WORKER, workdir / "request.json", env=run_env,
+    run_env = {**environment(), "VIRTUAL_ENV": str(env.path),
+               "PATH": os.pathsep.join([str(env.scripts), os.environ.get("PATH", "")])}
+    process.run(env.python, "-I", _WORKER, workdir / "request.json", env=run_env,
                 what="the build backend process failed")
     results = json.loads(read_state_file(workdir / "results.json"))
     wheels: dict[str, Path] = {}
@@ -258,7 +257,7 @@ def _dist_info(venv: Path, wheel: Path) -> Path:
     # A wheel's name starts with its dist-info's: {distribution}-{version}-{tags}.whl.
     distribution, version = wheel.name.split("-")[:2]
     name = f"{distribution}-{version}.dist-info"
-    for site in (*venv.glob("lib/python*/site-packages"), venv / "Lib" / "site-packages"):
+    for site in Venv.at(venv).site_packages():
         if (site / name).is_dir():
             return site / name
     raise ValueError(f"{name} is not installed in {venv}")

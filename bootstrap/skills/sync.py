@@ -25,6 +25,7 @@ import contextlib
 import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from bootstrap.config import Config
@@ -42,7 +43,7 @@ from bootstrap.env.marker import (
     write_marker,
 )
 from bootstrap.env.uv import Uv
-from bootstrap.env.venv import interpreter, work_path
+from bootstrap.env.venv import Venv, work_path
 from bootstrap.errors import BootstrapError, UvError
 from bootstrap.primitives import log, progress
 from bootstrap.primitives.atomic import DiskError
@@ -74,9 +75,9 @@ class _Sync:
     reinstall: frozenset[str] = frozenset()
     outcome: SyncOutcome = field(default_factory=SyncOutcome)
 
-    @property
+    @cached_property
     def python(self) -> Path:
-        return interpreter(self.config.venv)
+        return Venv.at(self.config.venv).python
 
     @property
     def by_project(self) -> dict[str, PythonSkill]:

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from testing.skills import make_skill
-from tests.test_push import SKILLS, push_concurrently, run_cli, versions
+from tests.trees.test_push import SKILLS, push_concurrently, run_cli, versions
 
 IMAGE = "kb-test/busybox:latest"
 DEST = "/skills"

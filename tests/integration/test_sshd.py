@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from testing.skills import make_skill
-from tests.test_push import (
+from tests.trees.test_push import (
     SKILLS,
     assert_one_complete_version,
     no_staging_left,

@@ -17,7 +17,7 @@ import pytest
 from bootstrap.primitives import log, swap
 from bootstrap.primitives.fs import temp_name
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True)
@@ -81,7 +81,7 @@ _KILLED = """
 import os, signal, sys
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
-from tests.test_swap import site
+from tests.primitives.test_swap import site
 real = os.rename
 def rename(src, dst):
     if "/staging/" in str(src):

@@ -25,7 +25,7 @@ from bootstrap.trees.targets import (
     target_for,
 )
 from testing.skills import make_skill
-from tests.test_push import (
+from tests.trees.test_push import (
     REPO,
     SKILLS,
     assert_one_complete_version,

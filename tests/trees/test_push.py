@@ -25,7 +25,7 @@ from bootstrap.trees.targets import PushedSkill, PushReport, target_for
 from testing.processes import peak_rss_run
 from testing.skills import make_skill
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def logging_prefix(
