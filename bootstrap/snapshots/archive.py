@@ -26,6 +26,7 @@ import os
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Final
 
@@ -41,6 +42,18 @@ _PIPE: Final = 1 << 20  # tar's stdin holds this much (Linux): room for a few ch
 _KINDS: Final = (b"0", b"1", b"2", b"5")  # file, hard link, symlink, directory
 _MAX_HOPS: Final = 40  # Linux's own limit on links followed in one path (ELOOP)
 _INTERPRETER: Final = "\0interpreter"  # a resolution ending on an absolute bin/python* link
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One snapshot in a store, as ``snapshot list`` shows it: ``path`` is a file in a
+    directory store, a URL in a bucket."""
+
+    key: str
+    path: Path | str
+    size: int
+    created: float
+    platform: dict[str, str]
 
 
 def write_snapshot(out: IO[bytes], venv: Path, key: str, platform: dict[str, str]) -> None:

@@ -26,14 +26,13 @@ import json
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Final
 
 from bootstrap.primitives import log
 from bootstrap.primitives.tar import BadArchive
 from bootstrap.snapshots import cloud, compression
-from bootstrap.snapshots.archive import TOP, extract, open_for, write_snapshot
+from bootstrap.snapshots.archive import TOP, Snapshot, extract, open_for, write_snapshot
 
 if TYPE_CHECKING:
     from obstore import ObjectMeta
@@ -47,17 +46,6 @@ _META_SIZE: Final = "kb-size"
 _META_SHA: Final = "kb-sha256"
 _META_CREATED: Final = "kb-created"
 _META_PLATFORM: Final = "kb-platform"
-
-
-@dataclass(frozen=True)
-class Entry:
-    """One snapshot object, as ``snapshot list`` shows it."""
-
-    key: str
-    path: str
-    size: int
-    created: float
-    platform: dict[str, str]
 
 
 class BucketStore:
@@ -167,12 +155,12 @@ class BucketStore:
                     chunk_size=8 * _STREAM_CHUNK, max_concurrency=4)
 
     # -- looking after the store ---------------------------------------------------------------
-    def entries(self) -> list[Entry]:
+    def entries(self) -> list[Snapshot]:
         """Every snapshot object, with its platform from its metadata (one ranged GET each)."""
-        found: list[Entry] = []
+        found: list[Snapshot] = []
         for meta in self._objects():
             key = meta["path"].rsplit("/", 1)[-1].removesuffix(SUFFIX)
-            found.append(Entry(key, self.path_for(key), meta["size"],
+            found.append(Snapshot(key, self.path_for(key), meta["size"],
                                meta["last_modified"].timestamp(), self._platform(key)))
         return found
 

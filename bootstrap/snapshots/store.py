@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Final
 
@@ -32,19 +31,19 @@ from bootstrap.primitives.fs import (
 )
 from bootstrap.primitives.tar import BadArchive
 from bootstrap.snapshots.archive import MANIFEST as MANIFEST  # re-exported: part of the format
-from bootstrap.snapshots.archive import TOP, extract, open_for, open_snapshot, write_snapshot
+from bootstrap.snapshots.archive import (
+    TOP,
+    Snapshot,
+    extract,
+    open_for,
+    open_snapshot,
+    write_snapshot,
+)
 
 if TYPE_CHECKING:
     from bootstrap.snapshots.bucket import BucketStore
 
 SUFFIX: Final = ".tar"
-@dataclass(frozen=True)
-class Snapshot:
-    key: str
-    path: Path
-    size: int
-    created: float
-    platform: dict[str, str]
 
 
 def snapshot_key(config: Config, platform: Platform) -> str:
@@ -123,8 +122,9 @@ class Store:
         for index, snap in enumerate(snapshots):
             if (keep is not None and index >= keep) or (cutoff is not None
                                                          and snap.created < cutoff):
-                snap.path.unlink(missing_ok=True)
-                removed.append(snap.path)
+                path = self.path_for(snap.key)
+                path.unlink(missing_ok=True)
+                removed.append(path)
         for leftover in self.root.glob(f".*{SUFFIX}.tmp-*"):
             if _pid_dead(leftover.name):
                 leftover.unlink(missing_ok=True)
