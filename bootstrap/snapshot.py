@@ -22,13 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Final
 
-from bootstrap import log, process
+from bootstrap import log, places, process
 from bootstrap.archive import MANIFEST as MANIFEST  # re-exported: part of the format
 from bootstrap.archive import TOP, extract, open_for, open_snapshot, write_snapshot
 from bootstrap.archive import BadSnapshot as BadSnapshot  # what callers catch
 from bootstrap.cloud import Bucket, Unavailable
 from bootstrap.config import Config
-from bootstrap.errors import BootstrapError
+from bootstrap.errors import BootstrapError, ConfigError
 from bootstrap.fs import fsync_dir, open_regular, owner_pid, pid_alive, remove_quietly, temp_name
 from bootstrap.identity import runtime_inputs
 from bootstrap.marker import RuntimeRecord, read_marker, write_marker
@@ -124,7 +124,7 @@ class Store:
         target = self.path_for(key)
         tmp = temp_name(target)
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
+            places.make_dir(self.root, owned=False)
             with open(tmp, "xb") as out:
                 write_snapshot(out, venv, key, platform.as_dict())
                 out.flush()
@@ -163,7 +163,21 @@ class Store:
             raise BadSnapshot(f"{archive}: holds no venv")
         return venv
 
+    def _listable(self) -> bool:
+        """Whether the store is there to list; an error when it is not a real directory (a
+        link there would have `prune` remove in whatever it points at)."""
+        if not os.path.lexists(self.root):
+            return False
+        try:
+            places.check_dir(self.root, owned=False)
+        except places.UntrustedPlace as e:
+            raise ConfigError(f"the snapshot store {e.filename} {e.strerror}: point `snapshots` "
+                              "at the directory itself") from None
+        return True
+
     def entries(self) -> list[Snapshot]:
+        if not self._listable():
+            return []
         found: list[Snapshot] = []
         try:
             paths = sorted(self.root.glob(f"*{SUFFIX}"))
@@ -185,7 +199,7 @@ class Store:
                                                          and snap.created < cutoff):
                 snap.path.unlink(missing_ok=True)
                 removed.append(snap.path)
-        for leftover in self.root.glob(f".*{SUFFIX}.tmp-*"):
+        for leftover in self.root.glob(f".*{SUFFIX}.tmp-*") if self._listable() else ():
             if _pid_dead(leftover.name):
                 leftover.unlink(missing_ok=True)
                 removed.append(leftover)
