@@ -285,6 +285,9 @@ _VENV_PATH_MAX: Final = 3072
 
 def _check_venv_path(venv: Path, where: str) -> None:
     """The venv path must leave room for what we put beside it and inside it."""
+    if not venv.name:  # "/", "//", "/.": there is nowhere beside it for a lock or a rebuild
+        raise ConfigError(f"{where}: the venv cannot be the root directory {_short(str(venv))}; "
+                          "name a directory of its own, such as /opt/kernel-venv")
     raw = os.fsencode(venv)
     longest = max((len(part) for part in raw.split(os.fsencode(os.sep))), default=0)
     if len(os.fsencode(venv.name)) > NAME_MAX - _SIBLING_ROOM or longest > NAME_MAX:

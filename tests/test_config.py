@@ -142,6 +142,24 @@ def test_a_venv_path_too_long_from_the_environment_names_the_variable(world: Wor
     assert result.returncode == 2 and "KERNEL_BOOTSTRAP_VENV" in result.stderr
 
 
+@pytest.mark.parametrize("source", ["key", "/", "//", "/."])
+def test_the_root_directory_as_the_venv_is_a_config_error_naming_where_it_came_from(
+        world: World, source: str) -> None:
+    # Every command crashed with "ValueError: PosixPath('/') has an empty name" (exit 1), and
+    # `status --json` printed no object (issue 22).
+    env = {} if source == "key" else {"KERNEL_BOOTSTRAP_VENV": source}
+    if source == "key":
+        world.write_config(venv="/")
+    where = "key 'venv'" if source == "key" else "KERNEL_BOOTSTRAP_VENV"
+    for command in (["ensure"], ["repair"], ["gc"], ["status", "--json"]):
+        result = world.run(*command, env=env)
+        assert result.returncode == 2, (command, result.stderr)
+        assert where in result.stderr and "root directory" in result.stderr
+        assert "Traceback" not in result.stderr
+    report = json.loads(result.stdout)
+    assert report["ready"] is False and where in report["error"]
+
+
 def test_the_longest_accepted_venv_name_builds_and_reports(world: World) -> None:
     world.write_config(venv="v" * 191)
     world.ensure()
