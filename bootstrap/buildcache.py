@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Final
 
 from bootstrap import log, places
-from bootstrap.errors import LockTimeout
+from bootstrap.errors import BootstrapError, LockTimeout
 from bootstrap.fs import (
     owner_pid,
     pid_alive,
@@ -181,7 +181,9 @@ class Cache:
                     log.warning("another session is still building this skill; building it "
                                 "here as well", key=k, error=str(e))
                     continue
-                except OSError as e:  # an unwritable cache: no lock, and nothing to share
+                # An unwritable cache, or something planted at a lock's name: no lock, and
+                # nothing to share.
+                except (OSError, BootstrapError) as e:
                     log.debug("could not lock a build cache entry", key=k, error=str(e))
                     continue
                 locked.add(k)
