@@ -44,11 +44,12 @@ CHECK_TIMEOUT: Final = 300.0
 
 
 def ensure(config: Config, *, lock_timeout: float = 300.0, force: bool = False,
-           reinstall: frozenset[str] = frozenset()) -> EnsureResult:
+           reinstall: frozenset[str] = frozenset(), why: tuple[str, ...] = ()) -> EnsureResult:
     """Make ``config``'s environment ready and return its interpreter.
 
-    ``force`` rebuilds the runtime even when it is current (``repair --force``); ``reinstall``
-    names skills to reinstall even if uv believes them installed (``repair`` of a damaged one).
+    ``force`` rebuilds the runtime even when it is current (``repair --force``, or a problem
+    ``repair`` found, which ``why`` names for the log); ``reinstall`` names skills to reinstall
+    even if uv believes them installed (``repair`` of a damaged one).
     """
     if config.override_python is not None:
         from bootstrap.override import ensure_override
@@ -79,11 +80,12 @@ def ensure(config: Config, *, lock_timeout: float = 300.0, force: bool = False,
             _remember(config, config_stamps + venv_stamps)
             return EnsureResult(found.python, config.venv, "ready")
         return _make_ready(config, found, force, reinstall, config_stamps,
-                           with_skills=not cut_short)
+                           with_skills=not cut_short, why=why)
 
 
 def _make_ready(config: Config, found: Status, force: bool, reinstall: frozenset[str],
-                config_stamps: list[tuple[str, str]], *, with_skills: bool) -> EnsureResult:
+                config_stamps: list[tuple[str, str]], *, with_skills: bool,
+                why: tuple[str, ...] = ()) -> EnsureResult:
     """Under the lock: sync the skills, after a rebuild (or restore) if the runtime needs one."""
     uv = make_uv(config.constraints, config.uv_args)
     skills_step = 1 if (found.pending or reinstall or found.stray) else 0
@@ -97,7 +99,7 @@ def _make_ready(config: Config, found: Status, force: bool, reinstall: frozenset
     else:
         validate_requirements(config)  # cheap when done already; the state may have moved
         _require_current_lock(config)
-        _say_why_rebuild(found, force)
+        _say_why_rebuild(found, force, why)
         progress.start(2 + bool(config.requirements or config.lock) + skills_step)
         snapshots = _snapshot_plan(config, uv)
         action = "rebuild"
@@ -157,11 +159,11 @@ def _remember(config: Config, stamped: list[tuple[str, str]]) -> None:
         warm.save(str(config.path), str(config.venv), str(interpreter(config.venv)), stamped)
 
 
-def _say_why_rebuild(found: Status, force: bool) -> None:
+def _say_why_rebuild(found: Status, force: bool, asked: tuple[str, ...]) -> None:
     if found.marker.state in ("corrupt", "legacy"):
         log.warning(found.marker.problem + "; rebuilding the venv", venv=str(found.venv))
     else:
-        why = found.why or (["rebuild from scratch requested"] if force else [])
+        why = found.why or list(asked) or (["rebuild from scratch requested"] if force else [])
         log.info("building the runtime", venv=str(found.venv), why=why)
 
 
