@@ -344,7 +344,21 @@ def discover_skills(
                     f"{source_name(file)}: two skills named {name!r}: {other.path} and {path}"
                 )
             found[name] = Skill(name, path)
+            _warn_special([path / PYPROJECT], f"skill {name!r} is taken as a plain skill")
     return tuple(found.values()), tuple(dict.fromkeys(watch))
+
+
+def _warn_special(paths: list[Path], consequence: str) -> None:
+    """A FIFO or device where a skill's file belongs used to make its directory silently not
+    a skill (SKILL.md), or silently a plain one (pyproject.toml): say so, naming the file."""
+    from bootstrap.fs import special_kind
+
+    for path in paths:
+        kind = special_kind(path)
+        if kind is not None:
+            from bootstrap import log
+
+            log.warning(f"{path} is a {kind}, not a file; {consequence}", path=str(path))
 
 
 def _glob_dirs(full: Path) -> list[Path]:
@@ -366,6 +380,7 @@ def _expand(pattern: str, base: Path, file: Path, index: int) -> list[Path]:
         matches = sorted(Path(m) for m in glob.glob(str(full)))
         # os.path.isfile: a match we cannot read is skipped, as glob itself skips those.
         skills = [m for m in matches if os.path.isfile(m / "SKILL.md")]
+        _warn_special([m / "SKILL.md" for m in matches], "the directory is not a skill")
         if not skills:
             _matches_nothing(pattern, full, file, index)
         return skills
