@@ -77,7 +77,7 @@ def platform_of(uv: Uv, request: str) -> Platform:
     """
     import platform
 
-    if _is_running_interpreter(request):
+    if is_running_interpreter(request):
         return local_platform(platform.python_version())
     python = Path(request) if _is_executable(request) else _find_python(uv, request)
     raw = process.run(python, "-I", "-c", _PLATFORM_SCRIPT,
@@ -85,7 +85,7 @@ def platform_of(uv: Uv, request: str) -> Platform:
     return Platform(**json.loads(raw))
 
 
-def _is_running_interpreter(request: str) -> bool:
+def is_running_interpreter(request: str) -> bool:
     # realpath, not samefile: a hard link elsewhere would find another prefix's stdlib.
     return os.path.isabs(request) and os.path.realpath(request) == os.path.realpath(
         sys.executable)

@@ -48,10 +48,13 @@ def snapshot_info(config: Config) -> dict[str, Any]:
         return {"store": None, "key": None, "exists": None}
     from bootstrap.cloud import Unavailable
     from bootstrap.config import default_python
-    from bootstrap.snapshot import local_platform, open_store, snapshot_key
+    from bootstrap.snapshot import is_running_interpreter, local_platform, open_store, snapshot_key
 
     version = python_version(config.venv)
-    if version is None and config.python == default_python():
+    # Resolved, as a rebuild resolves it (snapshot.platform_of): a venv's bin/python spelling
+    # our own interpreter once left a fresh sandbox with "key": null.
+    if version is None and (config.python == default_python()
+                            or is_running_interpreter(config.python)):
         version = ".".join(map(str, sys.version_info[:3]))
     if version is None:
         return {"store": str(config.snapshots), "key": None, "exists": None}
