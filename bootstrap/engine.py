@@ -14,7 +14,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from bootstrap import lock, log, process, progress, warm
+from bootstrap import lock, log, process, progress, ready_check, warm
 from bootstrap.config import Config
 from bootstrap.errors import BootstrapError, ConfigError, UvError
 from bootstrap.fs import remove_quietly, removed_on_failure
@@ -40,7 +40,7 @@ from bootstrap.venv import (
 if TYPE_CHECKING:
     from bootstrap import snapshot
 
-CHECK_TIMEOUT: Final = 300.0
+CHECK_TIMEOUT: Final = ready_check.TIMEOUT
 
 
 def ensure(config: Config, *, lock_timeout: float = 300.0, force: bool = False,
@@ -294,8 +294,8 @@ def _validate(staged: Path, config: Config, *, ran: bool = False) -> str:
         process.run(python, "-c", "import sys, site", timeout=CHECK_TIMEOUT,
                     what="the new venv's interpreter does not run")
     if config.ready_check:
-        process.run(python, "-c", config.ready_check, timeout=CHECK_TIMEOUT,
-                    what="the ready-check failed in the new venv; the old venv is unchanged")
+        ready_check.run(python, config.ready_check,
+                        what="the ready-check failed in the new venv; the old venv is unchanged")
     # A console script names its interpreter in its first lines (a shebang, or uv's relocatable
     # sh launcher); one naming the staging path would break once the venv is swapped in.
     needle = str(staged).encode()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from bootstrap import log
+from bootstrap import log, ready_check
 from bootstrap.config import Config
 from bootstrap.errors import BootstrapError
 from bootstrap.probe import probe, requirement_names, unmet_requirements
@@ -38,6 +38,10 @@ def ensure_override(config: Config) -> EnsureResult:
             f"KERNEL_BOOTSTRAP_PYTHON={python} does not satisfy the requirements:\n"
             + "\n".join(f"  {u}" for u in unmet)
         )
+    if config.ready_check:
+        # As a venv we build must pass it before it is used, so must one we are given.
+        ready_check.run(python, config.ready_check,
+                        what=f"KERNEL_BOOTSTRAP_PYTHON={python} fails the config's ready-check")
     for name, error in found.import_errors.items():
         if error:
             log.warning("skill does not import in the override interpreter", skill=name,
