@@ -55,7 +55,7 @@ def ensure(config: Config, *, lock_timeout: float = 300.0, force: bool = False,
         from bootstrap.override import ensure_override
 
         return ensure_override(config)
-    config_stamps = warm.stamps(_config_paths(config))
+    config_stamps = warm.input_stamps(_config_paths(config))
     venv_stamps = warm.stamps(_venv_paths(config))
     found = status(config)
     if found.ready and not force and not reinstall:

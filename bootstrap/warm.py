@@ -77,6 +77,34 @@ def stamps(paths: list[str]) -> list[tuple[str, str]]:
     return [(p, stamp(p)) for p in paths]
 
 
+# A file changed again within the file system's clock tick keeps all four numbers (git's
+# "racily clean" index entries): a same-size edit right after we stamped it would go unseen.
+# A stamp this close to the clock is recorded as RACY, which no later stat matches, so the next
+# start checks fully and stamps it again once it has settled. The tick is 1/HZ (<= 20 ms) where
+# timestamps have nanoseconds; whole-second timestamps tell a coarse file system (FAT: 2 s).
+RACY = "racy"
+_TICK_NS = 20_000_000
+_COARSE_TICK_NS = 2_000_000_000
+
+
+def input_stamps(paths: list[str]) -> list[tuple[str, str]]:
+    """:func:`stamps` of what a person or agent edits (the config, skills): those changed within
+    a clock tick of now are RACY. The venv's own files are written only under our lock."""
+    import time
+
+    out: list[tuple[str, str]] = []
+    for path in paths:
+        text = stamp(path)
+        if text != "-":
+            now = time.time_ns()  # after the stat: a later edit's time is at least this tick's
+            _, _, mtime, ctime = (int(n) for n in text.split(":"))
+            whole = mtime % 1_000_000_000 == 0 and ctime % 1_000_000_000 == 0
+            tick = _COARSE_TICK_NS if whole else _TICK_NS
+            text = RACY if max(mtime, ctime) >= now - tick else text
+        out.append((path, text))
+    return out
+
+
 def render(config_file: str, venv: str, python: str, stamped: list[tuple[str, str]]) -> str:
     """The fingerprint text; ``stamped`` were taken before the check that found us ready."""
     lines = [FORMAT, f"config\t{config_file}", f"venv\t{venv}", f"python\t{python}"]

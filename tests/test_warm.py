@@ -402,3 +402,51 @@ def test_a_symlinked_fingerprint_directory_is_never_written_through(tmp_path: Pa
     assert result.stdout == f"{world.python}\n"
     assert list(victims.iterdir()) == []
     assert "no warm start" in result.stderr
+
+
+def test_a_file_stamped_within_its_clock_tick_is_checked_fully_next_time(
+        tmp_path: Path) -> None:
+    # A same-size rewrite within one timestamp tick keeps inode, size, mtime and ctime: the
+    # fingerprint must not vouch for a file that was that fresh when stamped (issue 22).
+    config = tmp_path / "kernel-bootstrap.toml"
+    config.write_text("")
+    skill_md = tmp_path / "SKILL.md"
+    skill_md.write_text("name: a\n")  # changed just now, as an agent may have
+    warm.save(str(config), "/v", "/v/bin/python",
+              warm.input_stamps([str(config), str(skill_md)]) + warm.stamps(["/v/bin/python"]))
+    assert warm.check(str(config)) is None
+    for path in (config, skill_md):  # settled: stamped as they are, and believed
+        old = time.time_ns() - 60 * 10**9
+        os.utime(path, ns=(old, old))
+    time.sleep(0.05)  # ctime is set by utime itself: let it age past the tick
+    warm.save(str(config), "/v", "/v/bin/python",
+              warm.input_stamps([str(config), str(skill_md)]) + warm.stamps(["/v/bin/python"]))
+    assert warm.check(str(config)) == ("/v", "/v/bin/python")
+
+
+def test_an_edit_just_before_a_check_makes_the_next_start_check_fully(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import subprocess
+    import sys
+
+    from bootstrap.config import load_config
+    from bootstrap.engine import ensure
+
+    world = World(tmp_path)
+    world.skill("alpha")
+    world.ensure()
+    for key, value in world.env.items():
+        monkeypatch.setenv(key, value)
+    config = load_config(world.config)
+    skill_md = world.skills_dir / "alpha" / "SKILL.md"
+    skill_md.write_bytes(skill_md.read_bytes())  # same size, fresh times: then at once a check
+    assert ensure(config).action == "ready"
+
+    def full_check() -> bool:
+        result = subprocess.run([sys.executable, "-X", "importtime", *world.command("ensure")[1:]],
+                                capture_output=True, text=True, env=world.env, check=True)
+        assert result.stdout == f"{world.python}\n"
+        return "bootstrap.config" in result.stderr
+
+    assert full_check()  # the racy stamp is not believed ...
+    assert not full_check()  # ... and once settled, the start is warm again
