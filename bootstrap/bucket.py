@@ -169,20 +169,22 @@ class BucketStore:
         """Every snapshot object, with its platform from its metadata (one ranged GET each)."""
         found: list[Entry] = []
         for meta in self._objects():
-            key = meta["path"].rsplit("/", 1)[-1].removesuffix(SUFFIX)
+            key = meta["path"].removesuffix(SUFFIX)
             found.append(Entry(key, self.path_for(key), meta["size"],
                                meta["last_modified"].timestamp(), self._platform(key)))
         return found
 
     def _objects(self) -> Iterator[ObjectMeta]:
+        """The snapshot objects at the store's own level. Not obstore.list, which is
+        recursive: prune once deleted the store's newest snapshot because a copy of it lay
+        under a nested prefix (``PREFIX/team-b/<key>.tar``, another team's store)."""
         import obstore
 
         try:
-            for batch in obstore.list(self.store):
-                for meta in batch:
-                    name = meta["path"].rsplit("/", 1)[-1]
-                    if name.endswith(SUFFIX) and not name.startswith("."):
-                        yield meta
+            for meta in obstore.list_with_delimiter(self.store)["objects"]:
+                name = meta["path"]
+                if "/" not in name and name.endswith(SUFFIX) and not name.startswith("."):
+                    yield meta
         except Exception as e:
             from bootstrap.errors import BootstrapError
 
@@ -209,9 +211,9 @@ class BucketStore:
         for index, meta in enumerate(objects):
             old = cutoff is not None and meta["last_modified"].timestamp() < cutoff
             if (keep is not None and index >= keep) or old:
-                name = meta["path"].rsplit("/", 1)[-1]
-                obstore.delete(self.store, name)
-                removed.append(f"{self.url}/{name}")
+                # Exactly the object listed, by its whole path under the store's prefix.
+                obstore.delete(self.store, meta["path"])
+                removed.append(f"{self.url}/{meta['path']}")
         return removed
 
 

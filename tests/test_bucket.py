@@ -225,6 +225,29 @@ def test_list_and_prune_work_on_the_bucket(world: World, s3: Any) -> None:
     assert "no snapshots" in world.run("snapshot", "list").stdout
 
 
+def test_list_and_prune_keep_to_the_stores_own_level_and_delete_what_they_list(
+        world: World, s3: Any) -> None:
+    # With a copy of the newest snapshot under a nested prefix, prune --keep 1 deleted the
+    # store's own newest object, kept the nested one and reported removing an object that
+    # never existed (issue 22).
+    world.ensure()
+    [own] = objects(world, s3)
+    name = own.split("/")[-1]
+    b = world.bucket  # type: ignore[attr-defined]
+    for copy in (f"snaps/{'b' * 40}.tar", f"snaps/team-b/{name}", "snaps/team-b/only-b.tar"):
+        s3.copy_object(Bucket=b, Key=copy, CopySource={"Bucket": b, "Key": own})
+    time.sleep(1.1)  # S3 times are whole seconds: the store's own snapshot must be the newest
+    body = s3.get_object(Bucket=b, Key=own)
+    s3.put_object(Bucket=b, Key=own, Body=body["Body"].read(), Metadata=body["Metadata"])
+    listed = json.loads(world.run("snapshot", "list", "--json").stdout)
+    assert sorted(s["path"] for s in listed["snapshots"]) == [
+        f"s3://{b}/snaps/{'b' * 40}.tar", f"s3://{b}/{own}"]
+    pruned = world.run("snapshot", "prune", "--keep", "1", "--json")
+    assert pruned.returncode == 0, pruned.stderr
+    assert json.loads(pruned.stdout)["removed"] == [f"s3://{b}/snaps/{'b' * 40}.tar"]
+    assert objects(world, s3) == sorted([own, f"snaps/team-b/{name}", "snaps/team-b/only-b.tar"])
+
+
 def test_without_credentials_a_warning_says_so_and_the_build_goes_on(world: World) -> None:
     for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         world.env.pop(var)
