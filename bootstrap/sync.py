@@ -27,7 +27,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bootstrap import editables, log, progress
+from bootstrap import editables, log, progress, workdirs
 from bootstrap.atomic import DiskError
 from bootstrap.config import Config
 from bootstrap.errors import BootstrapError, UvError
@@ -101,10 +101,13 @@ class _Sync:
         """One uv call for ``group``, recorded as the marker's attempt while it runs."""
         with _disk_errors(self.config.venv), removed_on_exit(_scratch(self.config.venv)) as work:
             wheels = editables.build(group, self.uv, self.python, work)
-            reqs = requirements_file(group, work, wheels)
-            forced = [a for s in group if s.name in self.reinstall
-                      for a in ("--reinstall-package", s.project)]
-            self.uv.install(self.python, ["-r", str(reqs), *forced], what=what)
+            for index, (cwd, skills) in enumerate(workdirs.calls(group, wheels)):
+                scratch = work / f"call-{index}"
+                scratch.mkdir()
+                reqs = requirements_file(skills, scratch, wheels, cwd)
+                forced = [a for s in skills if s.name in self.reinstall
+                          for a in ("--reinstall-package", s.project)]
+                self.uv.install(self.python, ["-r", str(reqs), *forced], what=what, cwd=cwd)
             editables.adopt(self.config.venv, {s: wheels[s.name] for s in group
                                                if s.name in wheels})
 
