@@ -351,13 +351,11 @@ def discover_skills(
 def _warn_special(paths: list[Path], consequence: str) -> None:
     """A FIFO or device where a skill's file belongs used to make its directory silently not
     a skill (SKILL.md), or silently a plain one (pyproject.toml): say so, naming the file."""
+    from bootstrap import log
     from bootstrap.fs import special_kind
 
-    for path in paths:
-        kind = special_kind(path)
+    for path, kind in ((p, special_kind(p)) for p in paths):
         if kind is not None:
-            from bootstrap import log
-
             log.warning(f"{path} is a {kind}, not a file; {consequence}", path=str(path))
 
 
