@@ -310,6 +310,9 @@ _VENV_PATH_MAX: Final = 3072
 
 def _check_venv_path(venv: Path, where: str) -> None:
     """The venv path must leave room for what we put beside it and inside it."""
+    if not venv.name:  # "/", "//", "/.": there is nowhere beside it for a lock or a rebuild
+        raise ConfigError(f"{where}: the venv cannot be the root directory {_short(str(venv))}; "
+                          "name a directory of its own, such as /opt/kernel-venv")
     raw = os.fsencode(venv)
     longest = max((len(part) for part in raw.split(os.fsencode(os.sep))), default=0)
     if len(os.fsencode(venv.name)) > NAME_MAX - _SIBLING_ROOM or longest > NAME_MAX:
@@ -366,7 +369,19 @@ def discover_skills(
                     f"{source_name(file)}: two skills named {name!r}: {other.path} and {path}"
                 )
             found[name] = Skill(name, path)
+            _warn_special([path / PYPROJECT], f"skill {name!r} is taken as a plain skill")
     return tuple(found.values()), tuple(dict.fromkeys(watch))
+
+
+def _warn_special(paths: list[Path], consequence: str) -> None:
+    """A FIFO or device where a skill's file belongs used to make its directory silently not
+    a skill (SKILL.md), or silently a plain one (pyproject.toml): say so, naming the file."""
+    from bootstrap.primitives import log
+    from bootstrap.primitives.fs import special_kind
+
+    for path, kind in ((p, special_kind(p)) for p in paths):
+        if kind is not None:
+            log.warning(f"{path} is a {kind}, not a file; {consequence}", path=str(path))
 
 
 def _expand(pattern: str, base: Path, file: Path, index: int) -> list[Path]:
@@ -375,6 +390,7 @@ def _expand(pattern: str, base: Path, file: Path, index: int) -> list[Path]:
         matches = sorted(Path(m) for m in glob.glob(str(full)))
         # os.path.isfile: a match we cannot read is skipped, as glob itself skips those.
         skills = [m for m in matches if os.path.isfile(m / "SKILL.md")]
+        _warn_special([m / "SKILL.md" for m in matches], "the directory is not a skill")
         if not skills:
             _matches_nothing(pattern, full, file, index)
         return skills

@@ -42,6 +42,20 @@ def cache_dir() -> str:
     return os.path.join(home, ".cache", "kernel-bootstrap")
 
 
+def untrusted(st: os.stat_result) -> str | None:
+    """Why a file or directory of our caches must not be believed, or None: owned by another
+    user (root excepted: root can write anything anyway), or writable by group or others. The
+    rule ssh's StrictModes applies; the one implementation (``bootstrap.places`` uses it), here
+    because the warm path may import nothing more."""
+    if sys.platform == "win32":  # no uids, and mode bits there say nothing about other users
+        return None
+    if st.st_uid not in (os.geteuid(), 0):
+        return f"is owned by uid {st.st_uid}, not by this user"
+    if st.st_mode & 0o022:
+        return "is writable by group or others"
+    return None
+
+
 def fingerprint_path(config_file: str) -> str | None:
     """One fingerprint per config file; None when its name would be unreasonably long."""
     name = config_file.replace("%", "%25").replace(os.sep, "%2F")
@@ -61,6 +75,34 @@ def stamp(path: str) -> str:
 
 def stamps(paths: list[str]) -> list[tuple[str, str]]:
     return [(p, stamp(p)) for p in paths]
+
+
+# A file changed again within the file system's clock tick keeps all four numbers (git's
+# "racily clean" index entries): a same-size edit right after we stamped it would go unseen.
+# A stamp this close to the clock is recorded as RACY, which no later stat matches, so the next
+# start checks fully and stamps it again once it has settled. The tick is 1/HZ (<= 20 ms) where
+# timestamps have nanoseconds; whole-second timestamps tell a coarse file system (FAT: 2 s).
+RACY = "racy"
+_TICK_NS = 20_000_000
+_COARSE_TICK_NS = 2_000_000_000
+
+
+def input_stamps(paths: list[str]) -> list[tuple[str, str]]:
+    """:func:`stamps` of what a person or agent edits (the config, skills): those changed within
+    a clock tick of now are RACY. The venv's own files are written only under our lock."""
+    import time
+
+    out: list[tuple[str, str]] = []
+    for path in paths:
+        text = stamp(path)
+        if text != "-":
+            now = time.time_ns()  # after the stat: a later edit's time is at least this tick's
+            _, _, mtime, ctime = (int(n) for n in text.split(":"))
+            whole = mtime % 1_000_000_000 == 0 and ctime % 1_000_000_000 == 0
+            tick = _COARSE_TICK_NS if whole else _TICK_NS
+            text = RACY if max(mtime, ctime) >= now - tick else text
+        out.append((path, text))
+    return out
 
 
 def render(config_file: str, venv: str, python: str, stamped: list[tuple[str, str]]) -> str:
@@ -85,18 +127,29 @@ def save(config_file: str, venv: str, python: str, stamped: list[tuple[str, str]
     # replace (~1.3 ms, more than the rest of the call) and broke "the warm path writes nothing".
     if _read(path) == text:
         return
+    directory = os.path.dirname(path)
     try:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        os.makedirs(directory, 0o755, exist_ok=True)  # no group/other write, whatever the umask
+    except OSError:
+        return
+    if not _trusted_dir(directory):
+        # Never written through a link, nor where another user could write what we believe.
+        from bootstrap.primitives import log
+        log.warning("no warm start: the fingerprint directory is not a directory of this user "
+                    "that only this user can write; remove it or chmod go-w it", path=directory)
+        return
+    try:
         write_atomic(Path(path), text.encode("utf-8"))
     except OSError:
-        pass
+        return  # no warm path next time, nothing worse
 
 
 def forget(config_file: str) -> None:
     import contextlib
 
     path = fingerprint_path(config_file)
-    if path is not None:
+    # Never through a planted link: the name would be unlinked in whatever it points at.
+    if path is not None and _real_dir(os.path.dirname(path)):
         with contextlib.suppress(OSError):
             os.unlink(path)
 
@@ -112,7 +165,8 @@ def _read(path: str) -> str | None:
         return None
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > _MAX_FINGERPRINT:
+        if not stat.S_ISREG(st.st_mode) or st.st_size > _MAX_FINGERPRINT or untrusted(st) \
+                or not _trusted_dir(os.path.dirname(path)):
             return None
         data = os.read(fd, _MAX_FINGERPRINT + 1)
         return data.decode("utf-8") if len(data) <= _MAX_FINGERPRINT else None
@@ -120,6 +174,30 @@ def _read(path: str) -> str | None:
         return None
     finally:
         os.close(fd)
+
+
+def _trusted_dir(path: str) -> bool:
+    st = _lstat(path)
+    return st is not None and stat.S_ISDIR(st.st_mode) and untrusted(st) is None
+
+
+def _real_dir(path: str) -> bool:
+    st = _lstat(path)
+    return st is not None and stat.S_ISDIR(st.st_mode)
+
+
+def _lstat(path: str) -> os.stat_result | None:
+    try:
+        return os.lstat(path)
+    except (OSError, ValueError):
+        return None
+
+
+def venv_python(venv: str) -> str:
+    """The interpreter of ``venv`` as ``bootstrap.env.venv.interpreter`` spells it."""
+    if sys.platform == "win32":
+        return os.path.join(venv, "Scripts", "python.exe")
+    return os.path.join(venv, "bin", "python")
 
 
 def check(config_file: str) -> tuple[str, str] | None:
@@ -132,6 +210,7 @@ def check(config_file: str) -> tuple[str, str] | None:
     if len(lines) < 4 or lines[0] != FORMAT or lines[-1] != "":
         return None
     python = venv = None
+    stamped: set[str] = set()
     for line in lines[1:-1]:
         fields = line.split("\t")
         kind = fields[0]
@@ -147,9 +226,12 @@ def check(config_file: str) -> tuple[str, str] | None:
         elif kind == "stat" and len(fields) == 3:
             if stamp(fields[1]) != fields[2]:
                 return None
+            stamped.add(fields[1])
         elif kind != "config":
             return None
-    if python is None or venv is None:
+    # Only what the full check would print, and only when it stamped that interpreter and the
+    # config: a fingerprint edited to name another program once had the kernel start it.
+    if venv is None or python != venv_python(venv) or not {python, config_file} <= stamped:
         return None
     return venv, python
 

@@ -142,6 +142,24 @@ def test_a_venv_path_too_long_from_the_environment_names_the_variable(world: Wor
     assert result.returncode == 2 and "KERNEL_BOOTSTRAP_VENV" in result.stderr
 
 
+@pytest.mark.parametrize("source", ["key", "/", "//", "/."])
+def test_the_root_directory_as_the_venv_is_a_config_error_naming_where_it_came_from(
+        world: World, source: str) -> None:
+    # Every command crashed with "ValueError: PosixPath('/') has an empty name" (exit 1), and
+    # `status --json` printed no object (issue 22).
+    env = {} if source == "key" else {"KERNEL_BOOTSTRAP_VENV": source}
+    if source == "key":
+        world.write_config(venv="/")
+    where = "key 'venv'" if source == "key" else "KERNEL_BOOTSTRAP_VENV"
+    for command in (["ensure"], ["repair"], ["gc"], ["status", "--json"]):
+        result = world.run(*command, env=env)
+        assert result.returncode == 2, (command, result.stderr)
+        assert where in result.stderr and "root directory" in result.stderr
+        assert "Traceback" not in result.stderr
+    report = json.loads(result.stdout)
+    assert report["ready"] is False and where in report["error"]
+
+
 def test_the_longest_accepted_venv_name_builds_and_reports(world: World) -> None:
     world.write_config(venv="v" * 191)
     world.ensure()
@@ -215,3 +233,34 @@ def test_a_skills_pattern_over_an_empty_directory_is_a_warning_naming_it(tmp_pat
     result = world.ensure("--log-format", "console")
     warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
     assert len(warnings) == 2 and any("more/*" in w for w in warnings), result.stderr
+
+
+@pytest.mark.parametrize("kind", ["FIFO", "character device"])
+def test_a_skill_file_that_is_a_fifo_or_device_is_warned_about_by_name(
+        tmp_path: Path, kind: str) -> None:
+    # The directory was silently not a skill (SKILL.md), or silently a plain one
+    # (pyproject.toml) (issue 22).
+    world = World(tmp_path)
+    world.skill("alpha")
+    beta = world.skill("beta", python=False)
+    gamma = world.skill("gamma")
+
+    def plant(path: Path) -> None:
+        path.unlink()
+        if kind == "FIFO":
+            os.mkfifo(path)
+        else:
+            path.symlink_to("/dev/null")
+
+    plant(beta / "SKILL.md")
+    plant(gamma / "pyproject.toml")
+    result = world.run("ensure", timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert f"{beta / 'SKILL.md'} is a {kind}, not a file; the directory is not a skill" \
+        in result.stderr
+    assert f"{gamma / 'pyproject.toml'} is a {kind}, not a file; skill 'gamma' is taken as " \
+        "a plain skill" in result.stderr
+    world.write_config(skills=["skills/beta"])
+    explicit = world.run("ensure", timeout=60)
+    assert explicit.returncode == 2
+    assert f"{beta / 'SKILL.md'}: is a {kind}, not a file" in explicit.stderr

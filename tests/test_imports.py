@@ -77,6 +77,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("bootstrap.errors",),
     ("bootstrap.primitives",),
     ("bootstrap.warm",),
+    ("bootstrap.places",),
     ("bootstrap.trees",),
     ("bootstrap.config",),
     ("bootstrap.env",),

@@ -227,7 +227,7 @@ def stamped(tmp_path: Path) -> tuple[str, list[str]]:
     other = tmp_path / "pyproject.toml"
     other.write_text("[project]\n")
     paths = [str(config), str(other), str(tmp_path / "absent")]
-    warm.save(str(config), "/v", "/v/bin/python", warm.stamps(paths))
+    warm.save(str(config), "/v", "/v/bin/python", warm.stamps([*paths, "/v/bin/python"]))
     return str(config), paths
 
 
@@ -308,7 +308,7 @@ def test_save_does_not_rewrite_an_identical_fingerprint(stamped: tuple[str, list
     config, paths = stamped
     path = Path(str(warm.fingerprint_path(config)))
     before = os.stat(path)
-    warm.save(config, "/v", "/v/bin/python", warm.stamps(paths))
+    warm.save(config, "/v", "/v/bin/python", warm.stamps([*paths, "/v/bin/python"]))
     after = os.stat(path)
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
 
@@ -320,3 +320,133 @@ def test_the_warm_cli_prints_what_the_full_ensure_prints(tmp_path: Path) -> None
     warm_out = json.loads(world.ensure("--json").stdout)
     assert world.uv_calls() == []
     assert warm_out == {**cold, "action": "ready", "installed": [], "failed": [], "removed": []}
+
+
+# -- what the warm path believes (issue 22) ------------------------------------------------------
+
+
+def warm_world(tmp_path: Path) -> tuple[World, Path]:
+    world = World(tmp_path / "w")
+    world.ensure()
+    fingerprint = Path(str(warm.fingerprint_path(str(world.config))))
+    assert fingerprint.is_file()
+    return world, fingerprint
+
+
+def fake_venv(tmp_path: Path) -> Path:
+    """Another program spelled as a venv's interpreter: what an edited fingerprint names."""
+    evil = tmp_path / "evil"
+    (evil / "bin").mkdir(parents=True)
+    (evil / "bin" / "python").write_text("#!/bin/sh\necho pwned\n")
+    (evil / "bin" / "python").chmod(0o755)
+    return evil
+
+
+@pytest.mark.parametrize("edit", ["python line", "venv and python lines", "no stat lines"])
+def test_an_edited_fingerprint_never_names_another_interpreter(tmp_path: Path,
+                                                               edit: str) -> None:
+    world, fingerprint = warm_world(tmp_path)
+    evil = fake_venv(tmp_path)
+    text = fingerprint.read_text()
+    real = str(world.python)
+    if edit == "python line":
+        text = text.replace(f"python\t{real}\n", "python\t/bin/sh\n")
+    elif edit == "venv and python lines":
+        text = text.replace(f"venv\t{world.venv}\n", f"venv\t{evil}\n").replace(
+            f"python\t{real}\n", f"python\t{evil}/bin/python\n")
+    else:
+        text = "".join(line + "\n" for line in text.splitlines() if not line.startswith("stat"))
+        text = text.replace(f"venv\t{world.venv}\n", f"venv\t{evil}\n").replace(
+            f"python\t{real}\n", f"python\t{evil}/bin/python\n")
+    fingerprint.write_text(text)
+    world.clear_log()
+    assert world.ensure().stdout == f"{real}\n"
+
+
+@pytest.mark.parametrize("whose", ["file of another user", "file others can write",
+                                   "directory others can write", "directory of another user"])
+def test_a_fingerprint_someone_else_could_write_is_not_believed(tmp_path: Path,
+                                                                whose: str) -> None:
+    # A fingerprint consistent in itself (interpreter, stamps) but for a venv not configured:
+    # believed only when nobody but this user could have written it.
+    world, fingerprint = warm_world(tmp_path)
+    evil = fake_venv(tmp_path)
+    evil_python = str(evil / "bin" / "python")
+    text = fingerprint.read_text().replace(f"venv\t{world.venv}\n", f"venv\t{evil}\n").replace(
+        f"python\t{world.python}\n",
+        f"python\t{evil_python}\nstat\t{evil_python}\t{warm.stamp(evil_python)}\n")
+    fingerprint.write_text(text)
+    assert warm.check(str(world.config)) == (str(evil), evil_python)  # the control
+    if whose == "file of another user":
+        os.chown(fingerprint, 12345, 12345)
+    elif whose == "file others can write":
+        fingerprint.chmod(0o646)
+    elif whose == "directory others can write":
+        fingerprint.parent.chmod(0o777)
+    else:
+        os.chown(fingerprint.parent, 12345, 12345)
+    result = world.ensure()
+    assert result.stdout == f"{world.python}\n"
+    if whose.startswith("directory"):
+        assert "no warm start" in result.stderr and str(fingerprint.parent) in result.stderr
+
+
+def test_a_symlinked_fingerprint_directory_is_never_written_through(tmp_path: Path) -> None:
+    world, fingerprint = warm_world(tmp_path)
+    victims = tmp_path / "victims"
+    victims.mkdir()
+    warm_dir = fingerprint.parent
+    os.rename(warm_dir, tmp_path / "old-warm")
+    warm_dir.symlink_to(victims)  # no fingerprint there: a full check, which saves one
+    result = world.ensure()
+    assert result.stdout == f"{world.python}\n"
+    assert list(victims.iterdir()) == []
+    assert "no warm start" in result.stderr
+
+
+def test_a_file_stamped_within_its_clock_tick_is_checked_fully_next_time(
+        tmp_path: Path) -> None:
+    # A same-size rewrite within one timestamp tick keeps inode, size, mtime and ctime: the
+    # fingerprint must not vouch for a file that was that fresh when stamped (issue 22).
+    config = tmp_path / "kernel-bootstrap.toml"
+    config.write_text("")
+    skill_md = tmp_path / "SKILL.md"
+    skill_md.write_text("name: a\n")  # changed just now, as an agent may have
+    warm.save(str(config), "/v", "/v/bin/python",
+              warm.input_stamps([str(config), str(skill_md)]) + warm.stamps(["/v/bin/python"]))
+    assert warm.check(str(config)) is None
+    for path in (config, skill_md):  # settled: stamped as they are, and believed
+        old = time.time_ns() - 60 * 10**9
+        os.utime(path, ns=(old, old))
+    time.sleep(0.05)  # ctime is set by utime itself: let it age past the tick
+    warm.save(str(config), "/v", "/v/bin/python",
+              warm.input_stamps([str(config), str(skill_md)]) + warm.stamps(["/v/bin/python"]))
+    assert warm.check(str(config)) == ("/v", "/v/bin/python")
+
+
+def test_an_edit_just_before_a_check_makes_the_next_start_check_fully(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import subprocess
+    import sys
+
+    from bootstrap.config import load_config
+    from bootstrap.engine.ensure import ensure
+
+    world = World(tmp_path)
+    world.skill("alpha")
+    world.ensure()
+    for key, value in world.env.items():
+        monkeypatch.setenv(key, value)
+    config = load_config(world.config)
+    skill_md = world.skills_dir / "alpha" / "SKILL.md"
+    skill_md.write_bytes(skill_md.read_bytes())  # same size, fresh times: then at once a check
+    assert ensure(config).action == "ready"
+
+    def full_check() -> bool:
+        result = subprocess.run([sys.executable, "-X", "importtime", *world.command("ensure")[1:]],
+                                capture_output=True, text=True, env=world.env, check=True)
+        assert result.stdout == f"{world.python}\n"
+        return "bootstrap.config" in result.stderr
+
+    assert full_check()  # the racy stamp is not believed ...
+    assert not full_check()  # ... and once settled, the start is warm again

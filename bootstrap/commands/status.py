@@ -47,12 +47,15 @@ def snapshot_info(config: Config) -> dict[str, Any]:
     if config.snapshots is None:
         return {"store": None, "key": None, "exists": None}
     from bootstrap.config import default_python
-    from bootstrap.env.platform import local_platform
+    from bootstrap.env.platform import is_running_interpreter, local_platform
     from bootstrap.snapshots.cloud import Unavailable
     from bootstrap.snapshots.store import open_store, snapshot_key
 
     version = python_version(config.venv)
-    if version is None and config.python == default_python():
+    # Resolved, as a rebuild resolves it (snapshot.platform_of): a venv's bin/python spelling
+    # our own interpreter once left a fresh sandbox with "key": null.
+    if version is None and (config.python == default_python()
+                            or is_running_interpreter(config.python)):
         version = ".".join(map(str, sys.version_info[:3]))
     if version is None:
         return {"store": str(config.snapshots), "key": None, "exists": None}

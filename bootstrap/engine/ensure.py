@@ -18,6 +18,7 @@ from bootstrap import warm
 from bootstrap.config import Config
 from bootstrap.engine.results import Action, EnsureResult
 from bootstrap.engine.status import Status, status
+from bootstrap.env import ready_check
 from bootstrap.env.identity import identity_of, runtime_inputs
 from bootstrap.env.marker import RuntimeRecord, SkillRecord, base_marker, write_marker
 from bootstrap.env.requirements import validate_requirements
@@ -40,22 +41,23 @@ from bootstrap.trees.skillmd import SKILL_FILE
 if TYPE_CHECKING:
     from bootstrap.engine import restore
 
-CHECK_TIMEOUT: Final = 300.0
+CHECK_TIMEOUT: Final = ready_check.TIMEOUT
 
 
 def ensure(config: Config, *, lock_timeout: float = 300.0, force: bool = False,
-           reinstall: frozenset[str] = frozenset()) -> EnsureResult:
+           reinstall: frozenset[str] = frozenset(), why: tuple[str, ...] = ()) -> EnsureResult:
     """Make ``config``'s environment ready and return its interpreter.
 
-    ``force`` rebuilds the runtime even when it is current (``repair --force``); ``reinstall``
-    names skills to reinstall even if uv believes them installed (``repair`` of a damaged one).
+    ``force`` rebuilds the runtime even when it is current (``repair --force``, or a problem
+    ``repair`` found, which ``why`` names for the log); ``reinstall`` names skills to reinstall
+    even if uv believes them installed (``repair`` of a damaged one).
     """
     if config.override_python is not None:
         from bootstrap.engine.override import ensure_override
 
         return ensure_override(config)
     live = Venv.at(config.venv)
-    config_stamps = warm.stamps(_config_paths(config))
+    config_stamps = warm.input_stamps(_config_paths(config))
     venv_stamps = warm.stamps(_venv_paths(live))
     found = status(config)
     if found.ready and not force and not reinstall:
@@ -80,12 +82,12 @@ def ensure(config: Config, *, lock_timeout: float = 300.0, force: bool = False,
             _remember(config, live, config_stamps + venv_stamps)
             return EnsureResult(found.python, config.venv, "ready")
         return _make_ready(config, live, found, force, reinstall, config_stamps,
-                           with_skills=not cut_short)
+                           with_skills=not cut_short, why=why)
 
 
 def _make_ready(config: Config, live: Venv, found: Status, force: bool,
                 reinstall: frozenset[str], config_stamps: list[tuple[str, str]], *,
-                with_skills: bool) -> EnsureResult:
+                with_skills: bool, why: tuple[str, ...] = ()) -> EnsureResult:
     """Under the lock: sync the skills, after a rebuild (or restore) if the runtime needs one."""
     uv = make_uv(config.constraints, config.uv_args)
     skills_step = 1 if (found.pending or reinstall or found.stray) else 0
@@ -99,7 +101,7 @@ def _make_ready(config: Config, live: Venv, found: Status, force: bool,
     else:
         validate_requirements(config)  # cheap when done already; the state may have moved
         _require_current_lock(config)
-        _say_why_rebuild(found, force)
+        _say_why_rebuild(found, force, why)
         progress.start(2 + bool(config.requirements or config.lock) + skills_step)
         snapshots = _snapshot_plan(config, uv)
         action = "rebuild"
@@ -158,11 +160,11 @@ def _remember(config: Config, venv: Venv, stamped: list[tuple[str, str]]) -> Non
         warm.save(str(config.path), str(venv.path), str(venv.python), stamped)
 
 
-def _say_why_rebuild(found: Status, force: bool) -> None:
+def _say_why_rebuild(found: Status, force: bool, asked: tuple[str, ...]) -> None:
     if found.marker.state in ("corrupt", "legacy"):
         log.warning(found.marker.problem + "; rebuilding the venv", venv=str(found.venv))
     else:
-        why = found.why or (["rebuild from scratch requested"] if force else [])
+        why = found.why or list(asked) or (["rebuild from scratch requested"] if force else [])
         log.info("building the runtime", venv=str(found.venv), why=why)
 
 
@@ -293,8 +295,8 @@ def _validate(staged: Venv, config: Config, *, ran: bool = False) -> str:
         process.run(python, "-c", "import sys, site", timeout=CHECK_TIMEOUT,
                     what="the new venv's interpreter does not run")
     if config.ready_check:
-        process.run(python, "-c", config.ready_check, timeout=CHECK_TIMEOUT,
-                    what="the ready-check failed in the new venv; the old venv is unchanged")
+        ready_check.run(python, config.ready_check,
+                        what="the ready-check failed in the new venv; the old venv is unchanged")
     # A console script names its interpreter in its first lines (a shebang, or uv's relocatable
     # sh launcher); one naming the staging path would break once the venv is swapped in.
     needle = str(staged.path).encode()

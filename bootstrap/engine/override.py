@@ -12,6 +12,7 @@ from pathlib import Path
 
 from bootstrap.config import Config
 from bootstrap.engine.results import EnsureResult
+from bootstrap.env import ready_check
 from bootstrap.env.probe import probe, requirement_names, unmet_requirements
 from bootstrap.env.requirements import validate_requirements
 from bootstrap.errors import BootstrapError
@@ -38,6 +39,10 @@ def ensure_override(config: Config) -> EnsureResult:
             f"KERNEL_BOOTSTRAP_PYTHON={python} does not satisfy the requirements:\n"
             + "\n".join(f"  {u}" for u in unmet)
         )
+    if config.ready_check:
+        # As a venv we build must pass it before it is used, so must one we are given.
+        ready_check.run(python, config.ready_check,
+                        what=f"KERNEL_BOOTSTRAP_PYTHON={python} fails the config's ready-check")
     for name, error in found.import_errors.items():
         if error:
             log.warning("skill does not import in the override interpreter", skill=name,

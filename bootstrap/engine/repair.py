@@ -134,7 +134,10 @@ def repair(config: Config, *, force: bool = False, lock_timeout: float = 300.0) 
     before = inspect(config)
     done: list[str] = []
     if force or before.needs_sync:
-        done = _fix(config, before, force=force or bool(before.runtime),
+        # The log says why it rebuilds: "rebuild from scratch requested" once stood for a
+        # ready-check that failed too.
+        why = (*before.runtime, *(["rebuild from scratch requested"] if force else []))
+        done = _fix(config, before, force=force or bool(before.runtime), why=why,
                     lock_timeout=lock_timeout)
     # Only a current runtime: a rebuild that failed left the old venv, built from other pins.
     if config.lock is not None and status(config).base_current:
@@ -151,10 +154,11 @@ def _repair_override(config: Config) -> RepairReport:
     return RepairReport(result.python, problems, [], not problems, problems)
 
 
-def _fix(config: Config, found: Findings, *, force: bool, lock_timeout: float) -> list[str]:
+def _fix(config: Config, found: Findings, *, force: bool, why: tuple[str, ...],
+         lock_timeout: float) -> list[str]:
     try:
         result = ensure(config, lock_timeout=lock_timeout, force=force,
-                        reinstall=frozenset(found.skills))
+                        reinstall=frozenset(found.skills), why=why)
     except ProcessError as e:
         # A failed rebuild kept the old venv (it is staged); say what failed and let the
         # second inspection report what is still wrong.

@@ -37,7 +37,7 @@ def platform_of(uv: Uv, request: str) -> Platform:
     """
     import platform
 
-    if _is_running_interpreter(request):
+    if is_running_interpreter(request):
         return local_platform(platform.python_version())
     from bootstrap.env.probe import probe
 
@@ -58,7 +58,7 @@ def local_platform(python_version: str) -> Platform:
                     libc)
 
 
-def _is_running_interpreter(request: str) -> bool:
+def is_running_interpreter(request: str) -> bool:
     # realpath, not samefile: a hard link elsewhere would find another prefix's stdlib.
     return os.path.isabs(request) and os.path.realpath(request) == os.path.realpath(
         sys.executable)

@@ -62,9 +62,10 @@ class Uv:
     # build environments, which uv itself never constrains with --constraint either.
     build_args: tuple[str, ...] = ()
 
-    def run(self, *args: str | Path, what: str) -> process.Result:
+    def run(self, *args: str | Path, what: str, cwd: Path | None = None) -> process.Result:
         log.debug("uv", argv=[str(a) for a in args])
-        return process.run(self.exe, *args, env=environment(), what=what, error=UvError)
+        return process.run(self.exe, *args, env=environment(), what=what, error=UvError,
+                           cwd=cwd)
 
     def create_venv(self, path: Path, python: str) -> None:
         # --relocatable: the venv is built beside the live one and renamed into place, so its
@@ -72,8 +73,10 @@ class Uv:
         self.run("venv", "--quiet", "--relocatable", "--python", python, path,
                  what=f"uv could not create the venv at {path}")
 
-    def install(self, python: Path, args: Sequence[str | Path], what: str) -> process.Result:
-        return self.run(*self._install(python, args), what=what)
+    def install(self, python: Path, args: Sequence[str | Path], what: str,
+                cwd: Path | None = None) -> process.Result:
+        """``cwd``: where uv runs, for skills it reaches only from beside them (a ``#``)."""
+        return self.run(*self._install(python, args), what=what, cwd=cwd)
 
     def installing(self, python: Path, args: Sequence[str | Path],
                    what: str) -> contextlib.AbstractContextManager[None]:

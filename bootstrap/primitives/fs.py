@@ -95,6 +95,16 @@ def _kind(mode: int) -> str:
     return "special file"
 
 
+def special_kind(path: Path) -> str | None:
+    """What ``path`` is when it is there but is not a regular file (a link is followed): "FIFO",
+    "character device", "directory", ...; None for a regular file, and for nothing at all."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return None
+    return None if stat.S_ISREG(mode) else _kind(mode)
+
+
 def is_real_dir(path: Path) -> bool:
     """A directory that is not a symlink (a symlink to a directory is someone else's tree)."""
     try:

@@ -12,6 +12,7 @@ import contextlib
 import errno
 import json
 import os
+import stat
 import sys
 import time
 from collections.abc import Iterator
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from bootstrap.errors import ConfigError, LockTimeout
+from bootstrap.errors import BootstrapError, ConfigError, LockTimeout
 from bootstrap.primitives import log
 from bootstrap.primitives.fs import read_state_file, remove_quietly, write_file
 
@@ -97,6 +98,7 @@ def hold(lock_file: Path, timeout: float, purpose: str = "bootstrap", *,
     ``{stop}`` are filled in): the defaults are those of the venv's bootstrap lock.
     """
     _make_parent(lock_file.parent)
+    _refuse_planted(lock_file)
     lock = _file_lock(lock_file)
     _acquire(lock, lock_file, timeout, name, advice)
     try:
@@ -119,6 +121,38 @@ def _make_parent(directory: Path) -> None:
                 raise ConfigError(f"{directory}: the path runs into a symlink loop; point the "
                                   "venv at a directory you can create") from loop
         raise ConfigError(f"{directory}: exists and is not a directory ({e.strerror})") from e
+
+
+def _refuse_planted(lock_file: Path) -> None:
+    """A lock is never taken through a link, nor on what is not a file: say what is there.
+
+    Not replaced: a waiter that unlinked a planted link could, in a race, unlink a real lock
+    file another process had just created and locked, and two processes would then each hold
+    "the" lock on different inodes. filelock itself only said "[Errno 40] Too many levels of
+    symbolic links" or "[Errno 21] Is a directory", with no hint.
+    """
+    try:
+        st = os.lstat(lock_file)
+    except FileNotFoundError:
+        return
+    if stat.S_ISREG(st.st_mode):
+        return
+    if stat.S_ISLNK(st.st_mode):
+        found, remove = f"a symbolic link (to {_target(lock_file)})", f"rm {lock_file}"
+    elif stat.S_ISDIR(st.st_mode):
+        found, remove = "a directory", f"rm -r {lock_file}"
+    else:
+        found, remove = "not a regular file", f"rm {lock_file}"
+    raise BootstrapError(f"{lock_file} is {found}, not a lock file: a lock is never taken "
+                         f"through it, and nothing was written through it. Remove it ({remove}) "
+                         "and run again; if it comes back, find what plants it there.")
+
+
+def _target(link: Path) -> str:
+    try:
+        return os.readlink(link)
+    except OSError:
+        return "?"
 
 
 def _file_lock(path: Path) -> BaseFileLock:

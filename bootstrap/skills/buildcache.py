@@ -38,7 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from bootstrap.errors import LockTimeout
+from bootstrap import places
+from bootstrap.errors import BootstrapError, LockTimeout
 from bootstrap.primitives import log
 from bootstrap.primitives.fs import (
     owner_pid,
@@ -129,6 +130,14 @@ class Cache:
         miss. A corrupt entry is a miss: it is warned about and moved out of the way, so the
         rebuild can take its place."""
         entry = self.entry(key)
+        if not os.path.lexists(entry):
+            return None
+        # A planted entry carries a matching sha256 as easily as a wheel: only one nobody else
+        # could have written is installed.
+        untrusted = places.problem(entry)
+        if untrusted is not None:
+            _corrupt(entry, skill, f"the entry {untrusted}")
+            return None
         try:
             meta = json.loads(read_state_file(entry / ENTRY))
         except FileNotFoundError:
@@ -155,6 +164,13 @@ class Cache:
 
         deadline = time.monotonic() + timeout
         locked: set[str] = set()
+        try:
+            places.make_dir(self.root / _LOCKS)
+        except places.UntrustedPlace as e:
+            log.warning("building without the build cache's locks: " + places.refusal(e))
+            keys = ()
+        except OSError as e:
+            log.debug("could not make the build cache's lock directory", error=str(e))
         with contextlib.ExitStack() as stack:
             for k in sorted(set(keys)):
                 try:
@@ -166,7 +182,9 @@ class Cache:
                     log.warning("another session is still building this skill; building it "
                                 "here as well", key=k, error=str(e))
                     continue
-                except OSError as e:  # an unwritable cache: no lock, and nothing to share
+                # An unwritable cache, or something planted at a lock's name: no lock, and
+                # nothing to share.
+                except (OSError, BootstrapError) as e:
                     log.debug("could not lock a build cache entry", key=k, error=str(e))
                     continue
                 locked.add(k)
@@ -221,9 +239,12 @@ def open_cache() -> Cache | None:
     scratch space, as before there was a cache)."""
     path = root()
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        places.make_dir(path)
         if not os.access(path, os.W_OK):
             raise PermissionError(errno.EACCES, "not writable", str(path))
+    except places.UntrustedPlace as e:
+        log.warning("building in scratch space: " + places.refusal(e))
+        return None
     except OSError as e:
         log.info("the build cache is unusable; building in scratch space", cache=str(path),
                  error=str(e))
@@ -237,6 +258,8 @@ def prune(max_age_days: float = MAX_AGE_DAYS, now: float | None = None) -> list[
     """Remove entries whose skill is gone or that nobody used for ``max_age_days``, and what
     dead builders left. Returns what was done, for ``gc`` to report."""
     cache = root()
+    if not os.path.lexists(cache) or not _ours(cache):
+        return []
     try:
         names = os.listdir(cache)
     except OSError:
@@ -265,7 +288,20 @@ def _leftover(name: str) -> str | None:
     return None
 
 
+def _ours(directory: Path) -> bool:
+    """Whether ``gc`` may list and remove in ``directory`` (it warns when not)."""
+    try:
+        places.check_dir(directory)
+    except places.UntrustedPlace as e:
+        log.warning("gc leaves the build cache alone: " + places.refusal(e))
+        return False
+    return True
+
+
 def _stale_entry(entry: Path, cutoff: float) -> str | None:
+    untrusted = places.problem(entry)
+    if untrusted is not None:
+        return f"not an entry of ours: it {untrusted}"
     try:
         meta = json.loads(read_state_file(entry / ENTRY))
     except (OSError, ValueError, RecursionError):
@@ -289,6 +325,8 @@ def _prune_locks(cache: Path, cutoff: float) -> list[str]:
     """Lock files of keys with no entry, untouched for long: at worst, removing one while a
     session holds it lets a second session build that key at the same time (once)."""
     locks = cache / _LOCKS
+    if not os.path.lexists(locks) or not _ours(locks):
+        return []
     try:
         names = os.listdir(locks)
     except OSError:

@@ -87,7 +87,8 @@ def load_python_skill(skill: Skill) -> PythonSkill:
     import tomllib
 
     digest = pyproject_hash(skill)
-    unusable = unusable_path_problem(skill.path)
+    # A "#" is reached from a working directory beside the skill (bootstrap.skills.workdirs).
+    unusable = unusable_path_problem(skill.path, allow_hash=True)
     if unusable:
         return PythonSkill(skill, digest, "", frozenset(), unusable)
     try:
@@ -150,30 +151,53 @@ def dependency_order(skills: Iterable[PythonSkill],
 
 
 def requirements_file(skills: Iterable[PythonSkill], directory: Path,
-                      wheels: Mapping[str, Path] | None = None) -> Path:
+                      wheels: Mapping[str, Path] | None = None, cwd: Path | None = None) -> Path:
     """A requirements file of ``-e`` lines: uv resolves them together and, unlike ``-e`` on the
     command line, applies its freshness check to editables (a no-op costs ~17 ms, not a rebuild).
 
     A skill in ``wheels`` is listed as its editable wheel, built already (bootstrap.skills.builds).
     Every path goes as a percent-encoded ``file://`` URL: a bare path in this file is cut at
     `` #`` (uv read ``-e /x/proj #2/sk1`` as ``-e /x/proj`` and installed that project instead).
+    A skill whose path holds ``#`` goes relative to ``cwd``, uv's working directory
+    (``bootstrap.skills.workdirs``).
     """
     path = directory / "skills.txt"
     wheels = wheels or {}
     lines = [f"{s.project} @ {wheels[s.name].as_uri()}" if s.name in wheels
-             else f"-e {s.skill.path.as_uri()}" for s in skills]
+             else editable_line(s, cwd) for s in skills]
     write_file(path, ("\n".join(lines) + "\n").encode("utf-8", "surrogateescape"), exclusive=True)
     return path
 
 
-def unusable_path_problem(path: Path) -> str | None:
+def working_dir(skill: PythonSkill) -> Path | None:
+    """Where uv must run to install ``skill`` from a requirements file; None: anywhere.
+
+    uv 0.13.9 cuts a requirement line at `` #`` and decodes ``%23`` in a ``file://`` URL back
+    to ``#``, reading the rest as a fragment: no spelling of ``/p/proj #2/sk`` in a requirements
+    file reaches it. A relative ``-e`` line resolves against uv's working directory, though:
+    ``-e ./sk`` read by a uv running in ``/p/proj #2`` installs it (and is a no-op next time, as
+    any editable). The skill's parent is that directory, and ``./<name>`` is plain: a skill's
+    name holds only letters, digits and hyphens.
+    """
+    path = skill.skill.path
+    return path.parent if "#" in str(path) else None
+
+
+def editable_line(skill: PythonSkill, cwd: Path | None) -> str:
+    """The ``-e`` line of ``skill`` for a uv running in ``cwd``."""
+    if cwd is not None and working_dir(skill) == cwd:
+        return f"-e ./{skill.skill.path.name}"
+    return f"-e {skill.skill.path.as_uri()}"
+
+
+def unusable_path_problem(path: Path, *, allow_hash: bool = False) -> str | None:
     """Why uv cannot be pointed at ``path`` at all, if it cannot; None when it can.
 
     Checked against uv 0.13.9: it decodes ``%23`` in a file URL to ``#`` and then reads the rest
     as a fragment (a bare path fails the same way), and a newline in a path does not survive its
     URL either. Everything else reaches it intact as a percent-encoded URL.
     """
-    bad = sorted({c for c in str(path) if c in _UV_UNUSABLE})
+    bad = sorted({c for c in str(path) if c in _UV_UNUSABLE and not (allow_hash and c == "#")})
     if not bad:
         return None
     shown = " or ".join(repr(c) for c in bad)

@@ -48,7 +48,7 @@ from bootstrap.errors import BootstrapError, UvError
 from bootstrap.primitives import log, progress
 from bootstrap.primitives.atomic import DiskError
 from bootstrap.primitives.fs import removed_on_exit
-from bootstrap.skills import builds
+from bootstrap.skills import builds, workdirs
 from bootstrap.skills.python_skill import (
     PythonSkill,
     dependency_order,
@@ -103,10 +103,13 @@ class _Sync:
         """One uv call for ``group``, recorded as the marker's attempt while it runs."""
         with _disk_errors(self.config.venv), removed_on_exit(_scratch(self.config.venv)) as work:
             wheels = builds.build(group, self.uv, self.python, work)
-            reqs = requirements_file(group, work, wheels)
-            forced = [a for s in group if s.name in self.reinstall
-                      for a in ("--reinstall-package", s.project)]
-            self.uv.install(self.python, ["-r", str(reqs), *forced], what=what)
+            for index, (cwd, skills) in enumerate(workdirs.calls(group, wheels)):
+                scratch = work / f"call-{index}"
+                scratch.mkdir()
+                reqs = requirements_file(skills, scratch, wheels, cwd)
+                forced = [a for s in skills if s.name in self.reinstall
+                          for a in ("--reinstall-package", s.project)]
+                self.uv.install(self.python, ["-r", str(reqs), *forced], what=what, cwd=cwd)
             builds.record_editables(self.config.venv, {s: wheels[s.name] for s in group
                                                if s.name in wheels})
 

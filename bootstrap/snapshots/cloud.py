@@ -61,12 +61,20 @@ def timeout() -> float:
     return value
 
 
-def connect(url: str, bound: float) -> ObjectStore:
+# A whole download has no deadline of its own: one that keeps making progress may take as long
+# as it needs (a healthy 90 s download used never to restore, and every sandbox then built and
+# uploaded a new copy over the good one). What bounds it is the stall: no byte for the bound.
+_NO_DEADLINE: Final = 24 * 3600.0
+
+
+def connect(url: str, bound: float, *, streaming: bool = False) -> ObjectStore:
     """The store for ``url`` (``s3://BUCKET/PREFIX``; gs:// and az:// alike).
 
     Raises :class:`Unavailable` without obstore. Retries stay inside the bound: obstore's
     defaults (10 retries, up to 3 minutes) would let an unreachable store hold a cold start
-    for minutes.
+    for minutes. Every read waits at most ``bound`` s for its next bytes; a request as a whole
+    gets obstore's 30 s, or, ``streaming`` (a snapshot's download), as long as its body keeps
+    coming: a body that dripped held a cold start for 30 s and more with a 2 s bound.
     """
     from datetime import timedelta
 
@@ -75,6 +83,8 @@ def connect(url: str, bound: float) -> ObjectStore:
 
     bound_delta = timedelta(seconds=bound)
     client: ClientConfig = {"connect_timeout": bound_delta, "read_timeout": bound_delta}
+    if streaming:
+        client["timeout"] = timedelta(seconds=_NO_DEADLINE)
     if os.environ.get("AWS_ALLOW_HTTP", "").lower() in ("1", "true", "yes"):
         client["allow_http"] = True
     retry: RetryConfig = {"max_retries": 2, "retry_timeout": bound_delta,

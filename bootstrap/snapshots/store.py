@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Final
 
+from bootstrap import places
 from bootstrap.config import Bucket, Config
 from bootstrap.env.identity import runtime_inputs
 from bootstrap.env.platform import Platform
+from bootstrap.errors import ConfigError
 from bootstrap.primitives import log
 from bootstrap.primitives.atomic import writing
 from bootstrap.primitives.fs import (
@@ -68,7 +71,7 @@ class Store:
         """Archive ``venv``; a store we cannot write is a warning, never a failure."""
         target = self.path_for(key)
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
+            places.make_dir(self.root, owned=False)
             # Readers never see a partial archive: it appears under its key only when whole.
             with writing(target) as out:
                 write_snapshot(out, venv, key, platform.as_dict())
@@ -102,7 +105,21 @@ class Store:
             raise BadArchive(f"{archive}: holds no venv")
         return venv
 
+    def _listable(self) -> bool:
+        """Whether the store is there to list; an error when it is not a real directory (a
+        link there would have `prune` remove in whatever it points at)."""
+        if not os.path.lexists(self.root):
+            return False
+        try:
+            places.check_dir(self.root, owned=False)
+        except places.UntrustedPlace as e:
+            raise ConfigError(f"the snapshot store {e.filename} {e.strerror}: point `snapshots` "
+                              "at the directory itself") from None
+        return True
+
     def entries(self) -> list[Snapshot]:
+        if not self._listable():
+            return []
         found: list[Snapshot] = []
         try:
             paths = sorted(self.root.glob(f"*{SUFFIX}"))
@@ -125,7 +142,7 @@ class Store:
                 path = self.path_for(snap.key)
                 path.unlink(missing_ok=True)
                 removed.append(path)
-        for leftover in self.root.glob(f".*{SUFFIX}.tmp-*"):
+        for leftover in self.root.glob(f".*{SUFFIX}.tmp-*") if self._listable() else ():
             if _pid_dead(leftover.name):
                 leftover.unlink(missing_ok=True)
                 removed.append(leftover)

@@ -89,7 +89,11 @@ def check_skill_dir(path: Path) -> str:
     except OSError as e:  # pathlib swallows ENOENT, not EACCES or ENAMETOOLONG
         raise SkillError(f"{path}: cannot read {SKILL_FILE}: {e.strerror}") from None
     if not is_file:
-        raise SkillError(f"{path}: not a skill: no {SKILL_FILE}")
+        from bootstrap.primitives.fs import special_kind
+
+        kind = special_kind(skill_md)
+        raise SkillError(f"{skill_md}: is a {kind}, not a file: not a skill" if kind
+                         else f"{path}: not a skill: no {SKILL_FILE}")
     declared = read_front_matter(skill_md).get("name")
     if declared is not None and declared != name:
         raise SkillError(

@@ -306,28 +306,33 @@ def _project(directory: Path, name: str) -> None:
         f'[tool.hatch.build.targets.wheel]\npackages = ["src/{name}"]\n')
 
 
-def test_a_skill_under_a_path_with_hash_is_refused_naming_it_and_nothing_else_installs(
+def test_skills_under_paths_with_hash_are_installed_as_themselves_from_beside_them(
         tmp_path: Path) -> None:
     # uv read "-e /x/proj #2/skills/sk1" as "-e /x/proj" (the rest a comment) and installed
-    # the project that lives there, recorded as the skill. uv cannot take a "#" in a local
-    # path in any form, so such a skill fails by name and nothing else is installed for it.
+    # the project that lives there; then such a skill failed by name. uv reaches it as
+    # "-e ./sk1" from a working directory beside it (issue 22), one call per such directory.
     world = World(tmp_path)
     _project(world.skills_dir / "proj", "decoy")
-    skill = world.skills_dir / "proj #2" / "sk1"
-    skill.parent.mkdir()
-    world.skill("sk1").rename(skill)
+    skills = [world.skills_dir / "proj #2" / "sk1", world.skills_dir / "proj #2" / "sk2",
+              world.skills_dir / "other #3" / "sk3"]
+    for skill in skills:
+        skill.parent.mkdir(exist_ok=True)
+        world.skill(skill.name).rename(skill)
     world.skill("alpha")
-    world.write_config(skills=["skills/*", "skills/proj #2/sk1"])
+    world.write_config(skills=["skills/*", "skills/proj #2/*", "skills/other #3/*"])
     result = world.ensure("--json")
     out = json.loads(result.stdout)
-    assert out["installed"] == ["alpha"]
-    assert [f["name"] for f in out["failed"]] == ["sk1"]
-    assert repr(str(skill)) in out["failed"][0]["error"]
-    assert str(skill) in result.stderr
-    assert not world.imports("decoy") and not world.imports("sk1")
-    assert "sk1" not in world.marker()["skills"]
-    assert not any("decoy" in " ".join(c) or "proj" in world.editables(c)
-                   for c in world.installs())
+    assert sorted(out["installed"]) == ["alpha", "sk1", "sk2", "sk3"], result.stderr
+    assert out["failed"] == []
+    for skill in skills:
+        assert world.marker()["skills"][skill.name]["path"] == str(skill)
+        assert world.imports(skill.name)
+    assert not world.imports("decoy")
+    assert sorted(sorted(world.editables(c)) for c in world.installs()) == [
+        ["alpha", "sk1", "sk2"], ["sk3"]]
+    world.clear_log()
+    assert json.loads(world.ensure("--json").stdout)["action"] == "ready"
+    assert world.installs() == []
 
 
 @pytest.mark.parametrize("name", ["sp ace;x=1 'q'", "tab\tx", "pct%41x", "uni-\u00e9"])

@@ -149,3 +149,19 @@ def test_a_marker_for_another_python_than_ours_is_judged_by_the_override(world: 
     world.write_config(requirements=["requests>=2", f'six; python_version == "{ours}"'])
     result = override(world, python)
     assert result.returncode == 0, result.stderr
+
+
+def test_the_ready_check_runs_in_the_provided_interpreter(world: World,
+                                                          platform_python: Path) -> None:
+    # A provided interpreter whose ready-check failed was used anyway (issue 22): the kernel
+    # then failed later, inside itself.
+    world.write_config(requirements=["requests>=2", "six==1.16"],
+                       ready_check="import sys; sys.exit('no GPU here')")
+    result = override(world, platform_python)
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert "fails the config's ready-check" in result.stderr and "no GPU here" in result.stderr
+    assert str(platform_python) in result.stderr and "Traceback" not in result.stderr
+    world.write_config(requirements=["requests>=2", "six==1.16"],
+                       ready_check="import sys; assert sys.prefix")
+    assert override(world, platform_python, ok=True).stdout == f"{platform_python}\n"

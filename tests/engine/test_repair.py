@@ -138,6 +138,20 @@ def test_a_failing_ready_check_is_found_and_a_rebuild_attempted(world: World) ->
     assert world.imports("alpha")
 
 
+def test_a_rebuild_for_a_failing_ready_check_logs_why(world: World) -> None:
+    # `repair` without --force logged "rebuild from scratch requested" (issue 22).
+    world.write_config(requirements=["requests>=2"], ready_check="import six")
+    result = repair(world, "--json")
+    events = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]
+    [building] = [e for e in events if e["event"] == "building the runtime"]
+    assert building["why"] == ["the ready-check fails: ModuleNotFoundError: No module named "
+                               "'six'"]
+    forced = repair(world, "--force", "--json")
+    [building] = [json.loads(line) for line in forced.stderr.splitlines()
+                  if line.startswith("{") and "building the runtime" in line]
+    assert building["why"][-1] == "rebuild from scratch requested"
+
+
 def test_marker_records_that_disagree_with_the_config_are_synced(world: World) -> None:
     shutil.rmtree(world.skills_dir / "beta")
     data = repair_json(world)

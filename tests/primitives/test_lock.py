@@ -181,3 +181,31 @@ def test_a_venv_under_a_symlink_loop_is_a_config_error_that_says_so(tmp_path: Pa
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr
     assert "symlink loop" in result.stderr and str(tmp_path / "loop") in result.stderr
+
+
+@pytest.mark.parametrize("planted", ["symlink", "dangling symlink", "directory"])
+def test_something_planted_at_the_lock_is_named_with_what_to_do(
+        world: World, tmp_path: Path, planted: str) -> None:
+    # Every cold ensure, repair and gc failed with a bare "[Errno 40] Too many levels of
+    # symbolic links" (or "Is a directory") and no hint (issue 22).
+    victim = tmp_path / "victim"
+    victim.write_text("someone else's\n")
+    lock = lock_path(world.venv)
+    if planted == "directory":
+        lock.mkdir()
+        found, remove = "is a directory", f"rm -r {lock}"
+    else:
+        lock.symlink_to(victim if planted == "symlink" else tmp_path / "nowhere")
+        found, remove = "is a symbolic link (to ", f"rm {lock}"
+    for command in (["ensure"], ["repair"], ["gc"]):
+        result = world.run(*command)
+        assert result.returncode == 1, (command, result.stderr)
+        assert f"{lock} {found}" in result.stderr and remove in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr and "Errno" not in result.stderr
+    assert victim.read_text() == "someone else's\n"
+    assert not (tmp_path / "nowhere").exists()
+    if planted == "directory":
+        lock.rmdir()
+    else:
+        lock.unlink()
+    assert world.ensure().stdout == f"{world.python}\n"  # and as told, that was all

@@ -15,7 +15,8 @@ import pytest
 
 from bootstrap.config import Bucket, config_from_dict
 from bootstrap.errors import ConfigError
-from testing import s3server
+from bootstrap.snapshots.cloud import TIMEOUT_ENV
+from testing import dripserver, s3server
 from testing.s3server import free_port
 from testing.world import World
 
@@ -224,6 +225,29 @@ def test_list_and_prune_work_on_the_bucket(world: World, s3: Any) -> None:
     assert "no snapshots" in world.run("snapshot", "list").stdout
 
 
+def test_list_and_prune_keep_to_the_stores_own_level_and_delete_what_they_list(
+        world: World, s3: Any) -> None:
+    # With a copy of the newest snapshot under a nested prefix, prune --keep 1 deleted the
+    # store's own newest object, kept the nested one and reported removing an object that
+    # never existed (issue 22).
+    world.ensure()
+    [own] = objects(world, s3)
+    name = own.split("/")[-1]
+    b = world.bucket  # type: ignore[attr-defined]
+    for copy in (f"snaps/{'b' * 40}.tar", f"snaps/team-b/{name}", "snaps/team-b/only-b.tar"):
+        s3.copy_object(Bucket=b, Key=copy, CopySource={"Bucket": b, "Key": own})
+    time.sleep(1.1)  # S3 times are whole seconds: the store's own snapshot must be the newest
+    body = s3.get_object(Bucket=b, Key=own)
+    s3.put_object(Bucket=b, Key=own, Body=body["Body"].read(), Metadata=body["Metadata"])
+    listed = json.loads(world.run("snapshot", "list", "--json").stdout)
+    assert sorted(s["path"] for s in listed["snapshots"]) == [
+        f"s3://{b}/snaps/{'b' * 40}.tar", f"s3://{b}/{own}"]
+    pruned = world.run("snapshot", "prune", "--keep", "1", "--json")
+    assert pruned.returncode == 0, pruned.stderr
+    assert json.loads(pruned.stdout)["removed"] == [f"s3://{b}/snaps/{'b' * 40}.tar"]
+    assert objects(world, s3) == sorted([own, f"snaps/team-b/{name}", "snaps/team-b/only-b.tar"])
+
+
 def test_without_credentials_a_warning_says_so_and_the_build_goes_on(world: World) -> None:
     for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         world.env.pop(var)
@@ -322,3 +346,56 @@ def test_an_object_with_an_unsafe_member_is_refused_by_the_vetting_reader(
     assert f"{url}: unsafe member 'venv/escape'" in result.stderr, result.stderr
     assert len(world.venv_calls()) == 1 and imports(world, "other", "alpha")
     assert not (world.root / "outside").exists()
+
+
+def served_slowly(world: World, s3: Any, **drip: Any) -> tuple[dripserver.Drip, str]:
+    """The world's snapshot object, as a dripping server would send it; and its key."""
+    world.ensure()
+    [name] = objects(world, s3)
+    got = s3.get_object(Bucket=world.bucket, Key=name)  # type: ignore[attr-defined]
+    body = got["Body"].read()
+    return dripserver.Drip(body, got["Metadata"], **drip), name.split("/")[-1]
+
+
+def test_a_stalled_download_ends_within_the_bound_and_the_build_goes_on(
+        world: World, s3: Any) -> None:
+    # Headers at once, then a trickle: held a cold start for 30 s with a 2 s bound, obstore's
+    # own request timeout governing it (issue 22).
+    drip, name = served_slowly(world, s3, piece=20, interval=0.1)  # 200 B/s: 30 s and more
+    with dripserver.serving(drip) as url:
+        env = elsewhere(world, AWS_ENDPOINT_URL=url)
+        started = time.monotonic()
+        result = world.ensure(env=env)
+        elapsed = time.monotonic() - started
+    # Well short of obstore's 30 s: the bound, once, and the build on a loaded machine.
+    assert elapsed < 25, (elapsed, result.stderr)
+    assert drip.gets == 1, result.stderr
+    assert "the download stalled" in result.stderr and name in result.stderr
+    assert imports(world, "other", "alpha, requests")  # built instead
+
+
+def test_a_download_that_keeps_coming_finishes_however_long_it_takes(
+        world: World, s3: Any, endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from bootstrap.snapshots.bucket import BucketStore
+    from bootstrap.snapshots.store import Platform
+
+    world.ensure()
+    [name] = objects(world, s3)
+    meta = s3.head_object(Bucket=world.bucket, Key=name)["Metadata"]  # type: ignore[attr-defined]
+    # Rewritten with incompressible bytes in it: enough to keep coming for longer than the bound.
+    [site] = world.venv.glob("lib/python*/site-packages")
+    (site / "padding.bin").write_bytes(os.urandom(640 * 1024))
+    for key, value in {**s3server.client_env(endpoint, SECRET), TIMEOUT_ENV: str(BOUND)}.items():
+        monkeypatch.setenv(key, value)
+    store = BucketStore(f"s3://{world.bucket}/snaps")  # type: ignore[attr-defined]
+    assert store.write(world.venv, name.split("/")[-1].removesuffix(".tar"),
+                       Platform(**json.loads(meta["kb-platform"])))
+    got = s3.get_object(Bucket=world.bucket, Key=name)  # type: ignore[attr-defined]
+    drip = dripserver.Drip(got["Body"].read(), got["Metadata"], piece=160 * 1024,
+                           interval=BOUND * 0.5)
+    assert len(drip.body) / drip.piece * drip.interval > 1.5 * BOUND  # longer than the bound
+    world.clear_log()
+    with dripserver.serving(drip) as url:
+        result = world.ensure(env=elsewhere(world, AWS_ENDPOINT_URL=url))
+    assert "stalled" not in result.stderr and "broke off" not in result.stderr, result.stderr
+    assert world.uv_calls() == [] and imports(world, "other", "alpha, beta")  # restored

@@ -57,6 +57,22 @@ def test_a_rebuild_writes_a_snapshot_that_another_venv_path_restores(world: Worl
     assert status["ready"] is True and status["snapshot"]["exists"] is True
 
 
+def test_status_of_a_fresh_sandbox_finds_the_snapshot_when_python_is_spelled_via_a_link(
+        world: World) -> None:
+    # `python` in the config as a venv's bin/python (a link to the interpreter running us): a
+    # venv that did not exist yet reported "key": null, "exists": null (issue 22).
+    link = world.root / "py" / "bin" / "python"
+    link.parent.mkdir(parents=True)
+    link.symlink_to(sys.executable)
+    world.write_config(requirements=["requests>=2"], snapshots="store", python=str(link))
+    before = json.loads(world.run("status", "--json").stdout)["snapshot"]
+    assert before["key"] is not None and before["exists"] is False
+    world.ensure()
+    assert [p.name for p in archives(world)] == [f"{before['key']}.tar"]
+    fresh = json.loads(world.run("status", "--json", env=elsewhere(world)).stdout)["snapshot"]
+    assert fresh == {**before, "exists": True}
+
+
 def test_a_skill_changed_after_the_snapshot_is_reinstalled_alone(world: World) -> None:
     world.ensure()
     world.skill("beta", version="0.2.0")
