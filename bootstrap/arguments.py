@@ -147,6 +147,9 @@ def _json(p: argparse.ArgumentParser, help: str = "print one JSON object") -> No
 def _ensure(p: argparse.ArgumentParser, _: type[argparse.ArgumentParser]) -> None:
     _json(p, "print one JSON object, not the path")
     p.add_argument("--strict", action="store_true", help="exit 3 when any skill failed")
+    p.add_argument("--retry", action="store_true",
+                   help="retry every failed skill and a failed rebuild now, even while their "
+                        "failures back off")
     _lock_timeout(p, 300.0)
 
 

@@ -14,9 +14,9 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from bootstrap import lock, log, process, progress, warm
+from bootstrap import backoff, lock, log, process, progress, warm
 from bootstrap.config import Config
-from bootstrap.errors import BootstrapError, ConfigError, UvError
+from bootstrap.errors import EXIT_FAILED, BootstrapError, ConfigError, UvError
 from bootstrap.fs import remove_quietly, removed_on_failure
 from bootstrap.identity import identity_of, runtime_inputs
 from bootstrap.marker import RuntimeRecord, SkillRecord, base_marker, marker_path, write_marker
@@ -24,7 +24,7 @@ from bootstrap.readiness import Status, status
 from bootstrap.requirements import validate_requirements
 from bootstrap.results import Action, EnsureResult
 from bootstrap.skillmd import SKILL_FILE
-from bootstrap.sync import Riders, build_ahead, cached_riders, sync_skills
+from bootstrap.sync import Riders, build_ahead, cached_riders, sync_skills, warn_backed_off
 from bootstrap.uv import Uv, make_uv
 from bootstrap.venv import (
     interpreter,
@@ -44,11 +44,12 @@ CHECK_TIMEOUT: Final = 300.0
 
 
 def ensure(config: Config, *, lock_timeout: float = 300.0, force: bool = False,
-           reinstall: frozenset[str] = frozenset()) -> EnsureResult:
+           reinstall: frozenset[str] = frozenset(), retry: bool = False) -> EnsureResult:
     """Make ``config``'s environment ready and return its interpreter.
 
     ``force`` rebuilds the runtime even when it is current (``repair --force``); ``reinstall``
-    names skills to reinstall even if uv believes them installed (``repair`` of a damaged one).
+    names skills to reinstall even if uv believes them installed (``repair`` of a damaged one);
+    ``retry`` retries every failure now, backing off or not (``ensure --retry``, ``repair``).
     """
     if config.override_python is not None:
         from bootstrap.override import ensure_override
@@ -57,10 +58,10 @@ def ensure(config: Config, *, lock_timeout: float = 300.0, force: bool = False,
     config_stamps = warm.stamps(_config_paths(config))
     venv_stamps = warm.stamps(_venv_paths(config))
     found = status(config)
-    if found.ready and not force and not reinstall:
-        _remember(config, config_stamps + venv_stamps)
-        return EnsureResult(found.python, config.venv, "ready")
+    if _nothing_due(found, force, reinstall, retry):
+        return _settled(config, found, config_stamps + venv_stamps)
     if force or not found.base_current:
+        _refuse_backed_off_rebuild(config, found, force or retry, config_stamps + venv_stamps)
         # Only a rebuild reads the requirements; a current runtime's were valid when it was
         # built (its identity covers them). Checked before the lock so nothing is created.
         validate_requirements(config)
@@ -75,16 +76,53 @@ def ensure(config: Config, *, lock_timeout: float = 300.0, force: bool = False,
         # Another process may have finished this while we waited for the lock.
         venv_stamps = warm.stamps(_venv_paths(config))
         found = status(config)
-        if found.ready and not force and not reinstall:
-            _remember(config, config_stamps + venv_stamps)
-            return EnsureResult(found.python, config.venv, "ready")
-        return _make_ready(config, found, force, reinstall, config_stamps,
+        if _nothing_due(found, force, reinstall, retry):
+            return _settled(config, found, config_stamps + venv_stamps)
+        if not found.base_current:
+            _refuse_backed_off_rebuild(config, found, force or retry, [])
+        return _make_ready(config, found, (force, reinstall, retry), config_stamps,
                            with_skills=not cut_short)
 
 
-def _make_ready(config: Config, found: Status, force: bool, reinstall: frozenset[str],
+def _nothing_due(found: Status, force: bool, reinstall: frozenset[str], retry: bool) -> bool:
+    """Ready, or ready but for failed skills backing off (and no retry asked for)."""
+    return (found.settled and not force and not reinstall
+            and not (retry and any(s.state == "failed" for s in found.skills)))
+
+
+def _settled(config: Config, found: Status, stamped: list[tuple[str, str]]) -> EnsureResult:
+    """The answer when nothing is due: each failure backing off is warned about and reported."""
+    _remember(config, stamped, found)
+    failed = {}
+    for skill in found.backed_off:
+        assert skill.failure is not None
+        warn_backed_off(skill.name, skill.failure)
+        failed[skill.name] = skill.failure.error
+    return EnsureResult(found.python, config.venv, "ready", failed=failed)
+
+
+def _refuse_backed_off_rebuild(config: Config, found: Status, retry: bool,
+                               stamped: list[tuple[str, str]]) -> None:
+    """Inside a failed rebuild's backoff window: fail at once, with the recorded error.
+
+    With ``stamped`` (taken before ``found`` was read) the warm path is told to answer the
+    same until the window ends: the full path alone costs more than the 0.1 s allowed."""
+    failure = found.rebuild
+    if failure is None or not failure.backing_off or retry:
+        return
+    message = backoff.backed_off_message(failure)
+    if stamped and config.path is not None:
+        warm.save(str(config.path), str(config.venv), str(interpreter(config.venv)), stamped,
+                  until=failure.retry_at, refused=message)
+    raise BootstrapError(message)
+
+
+def _make_ready(config: Config, found: Status, asked: tuple[bool, frozenset[str], bool],
                 config_stamps: list[tuple[str, str]], *, with_skills: bool) -> EnsureResult:
-    """Under the lock: sync the skills, after a rebuild (or restore) if the runtime needs one."""
+    """Under the lock: sync the skills, after a rebuild (or restore) if the runtime needs one.
+
+    ``asked``: ``force``, ``reinstall`` and ``retry`` as :func:`ensure` took them."""
+    force, reinstall, retry = asked
     uv = make_uv(config.constraints, config.uv_args)
     skills_step = 1 if (found.pending or reinstall or found.stray) else 0
     snapshots: snapshot.Plan | None = None
@@ -101,18 +139,38 @@ def _make_ready(config: Config, found: Status, force: bool, reinstall: frozenset
         progress.start(2 + bool(config.requirements or config.lock) + skills_step)
         snapshots = _snapshot_plan(config, uv)
         action = "rebuild"
-        runtime, restored, rode = rebuild(config, uv, snapshots, with_skills=with_skills)
-    outcome = sync_skills(config, uv, runtime, reinstall)
+        runtime, restored, rode = _rebuild_noted(config, uv, snapshots, with_skills)
+    outcome = sync_skills(config, uv, runtime, reinstall, retry=retry)
     outcome.installed[:0] = [n for n in rode if n not in outcome.installed]
     progress.finish("ready" if not outcome.failed
                     else f"ready; {len(outcome.failed)} skill(s) failed")
     if action == "rebuild" and snapshots and not restored and not outcome.failed:
         snapshots.save(config.venv)
-    if not outcome.failed:
-        # Under the lock nobody else changes the venv: these stamps are of our final write.
-        _remember(config, config_stamps + warm.stamps(_venv_paths(config)))
+    # Under the lock nobody else changes the venv: these stamps are of our final write. With
+    # failures, the start is warm only while each of them backs off.
+    after = None if not outcome.failed else status(config)
+    if after is None or after.settled:
+        _remember(config, config_stamps + warm.stamps(_venv_paths(config)), after)
     return EnsureResult(interpreter(config.venv), config.venv, action,
                         tuple(outcome.installed), outcome.failed, tuple(outcome.removed))
+
+
+def _rebuild_noted(config: Config, uv: Uv, snapshots: snapshot.Plan | None,
+                   with_skills: bool) -> tuple[RuntimeRecord, bool, list[str]]:
+    """:func:`rebuild`, its failure recorded so that the next starts back off (a usage error
+    is not recorded: it is fixed by editing the config, which retries anyway)."""
+    try:
+        built = rebuild(config, uv, snapshots, with_skills=with_skills)
+    except (BootstrapError, OSError) as e:
+        if not isinstance(e, BootstrapError) or e.exit_code == EXIT_FAILED:
+            failure = backoff.note_rebuild_failure(config, str(e))
+            if failure.backing_off:
+                log.info("the rebuild failed again; the next starts do not retry it before "
+                         "retry_at", retry_at=backoff.iso(failure.retry_at),
+                         failures=failure.failures)
+        raise
+    backoff.clear_rebuild_failure(config.venv)
+    return built
 
 
 # The lock file and snapshot modules (with tarfile and tempfile, ~25 ms to import together) are
@@ -149,12 +207,21 @@ def _config_paths(config: Config) -> list[str]:
 
 def _venv_paths(config: Config) -> list[str]:
     venv = config.venv
-    return [str(venv / "pyvenv.cfg"), str(marker_path(venv)), str(interpreter(venv))]
+    return [str(venv / "pyvenv.cfg"), str(marker_path(venv)), str(interpreter(venv)),
+            str(backoff.record_path(venv))]
 
 
-def _remember(config: Config, stamped: list[tuple[str, str]]) -> None:
-    if config.path is not None:
-        warm.save(str(config.path), str(config.venv), str(interpreter(config.venv)), stamped)
+def _remember(config: Config, stamped: list[tuple[str, str]],
+              found: Status | None = None) -> None:
+    """Save the warm fingerprint; with failures backing off (``found``), it records them and
+    holds only until the first of them is due."""
+    if config.path is None:
+        return
+    failures = [(s.name, s.failure) for s in (found.backed_off if found else []) if s.failure]
+    failed = tuple((name, f.failures, backoff.iso(f.retry_at), f.error) for name, f in failures)
+    until = min((f.retry_at for _, f in failures), default=None)
+    warm.save(str(config.path), str(config.venv), str(interpreter(config.venv)), stamped,
+              failed, until)
 
 
 def _say_why_rebuild(found: Status, force: bool) -> None:

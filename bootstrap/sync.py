@@ -27,7 +27,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bootstrap import editables, log, progress
+from bootstrap import backoff, editables, log, progress, warm
 from bootstrap.atomic import DiskError
 from bootstrap.config import Config
 from bootstrap.errors import BootstrapError, UvError
@@ -72,6 +72,9 @@ class _Sync:
     skills: dict[str, PythonSkill]
     reinstall: frozenset[str] = frozenset()
     outcome: SyncOutcome = field(default_factory=SyncOutcome)
+    # The failures recorded when the sync began: a skill failing again with the same inputs
+    # backs off longer (bootstrap.backoff).
+    earlier: dict[str, FailedRecord] = field(default_factory=dict)
 
     @property
     def python(self) -> Path:
@@ -89,12 +92,19 @@ class _Sync:
         self.outcome.installed += [s.name for s in group if s.name not in self.outcome.installed]
 
     def fail(self, skill: PythonSkill, error: str) -> None:
+        previous = _failure_of(skill, self.earlier)
+        failure = backoff.after(previous, error)
         log.warning("skill failed to install", skill=skill.name, path=str(skill.skill.path),
-                    error=error, hint="fix the skill and run `kernel-bootstrap ensure` again (or "
-                         "`kernel-bootstrap repair` to verify the whole venv)")
-        failure: FailedRecord = {"path": str(skill.skill.path), "pyproject": skill.hash,
-                                 "error": error}
-        self.record(SkillChanges(failed={skill.name: failure}))
+                    error=error, failures=failure.failures,
+                    retry_at=backoff.iso(failure.retry_at),
+                    hint="fix the skill and run `kernel-bootstrap ensure` again (a change to "
+                         "its pyproject.toml retries it at once; a repeated failure waits until "
+                         "retry_at, unless `kernel-bootstrap ensure --retry` or "
+                         "`kernel-bootstrap repair`)")
+        record: FailedRecord = {"path": str(skill.skill.path), "pyproject": skill.hash,
+                                "error": error, "failures": failure.failures,
+                                "retry_at": failure.retry_at}
+        self.record(SkillChanges(failed={skill.name: record}))
         self.outcome.failed[skill.name] = error
 
     def install(self, group: Sequence[PythonSkill], what: str) -> None:
@@ -212,18 +222,22 @@ def _record_of(skill: PythonSkill) -> SkillRecord:
 
 
 def sync_skills(config: Config, uv: Uv, runtime: RuntimeRecord,
-                reinstall: frozenset[str] = frozenset()) -> SyncOutcome:
+                reinstall: frozenset[str] = frozenset(), *, retry: bool = False) -> SyncOutcome:
     """Bring the venv's skills in line with the config; end with an authoritative marker.
 
-    ``reinstall`` names skills to install again even though they are recorded.
+    ``reinstall`` names skills to install again even though they are recorded. A skill whose
+    failure is backing off is left alone (and reported as failed) unless ``retry``.
     """
-    sync = _Sync(config, uv, runtime,
-                 {s.name: load_python_skill(s) for s in config.python_skills}, reinstall)
     marker = read_marker(config.venv).data
+    sync = _Sync(config, uv, runtime,
+                 {s.name: load_python_skill(s) for s in config.python_skills}, reinstall,
+                 earlier=dict(marker["failed"]) if marker else {})
     recorded = marker["skills"] if marker else {}
     _remove_unconfigured(sync, recorded)
     pending = [s for s in sync.skills.values()
                if s.name in reinstall or not _is_recorded(s, recorded)]
+    if not retry:
+        pending = [s for s in pending if s.name in reinstall or not _held_back(sync, s)]
     for skill in [s for s in pending if s.problem]:
         sync.fail(skill, skill.problem)
     pending = [s for s in pending if not s.problem]
@@ -251,6 +265,34 @@ def _group_size(marker: MarkerData | None, pending: list[PythonSkill]) -> int:
              "smaller groups", skills=tried, pid=attempt["pid"], inside_uv=inside,
              group_size=size)
     return size
+
+
+def _failure_of(skill: PythonSkill,
+                failed: dict[str, FailedRecord]) -> backoff.Failure | None:
+    """The skill's recorded failure, if it was recorded for the skill as it is now."""
+    record = failed.get(skill.name)
+    if record is None or (record["path"], record["pyproject"]) != (str(skill.skill.path),
+                                                                    skill.hash):
+        return None
+    return backoff.from_record(record)
+
+
+def _held_back(sync: _Sync, skill: PythonSkill) -> bool:
+    """Whether the skill's failure is backing off: then it is reported, not tried."""
+    failure = _failure_of(skill, sync.earlier)
+    if failure is None or not failure.backing_off:
+        return False
+    warn_backed_off(skill.name, failure)
+    sync.outcome.failed[skill.name] = failure.error
+    return True
+
+
+def warn_backed_off(name: str, failure: backoff.Failure) -> None:
+    """The warning for a skill not tried because its failure is backing off (the warm path
+    prints the same event, without the error)."""
+    log.warning(warm.BACKED_OFF, skill=name, failures=failure.failures,
+                retry_at=backoff.iso(failure.retry_at), error=failure.error,
+                hint=backoff.RETRY_HINT)
 
 
 def _is_recorded(skill: PythonSkill, recorded: dict[str, SkillRecord]) -> bool:

@@ -1,0 +1,146 @@
+"""Failures that repeat with unchanged inputs back off: retried after 1 min, then 2, 4, ... 60.
+
+A skill that cannot be installed (a dependency no index has) used to make every later start
+run uv again: 15x the warm start, on every kernel start, until someone fixed the skill. A
+failure is therefore recorded with how many times in a row it happened and when it may be tried
+again. A first failure is retried at the next start (it may have been a passing fault); once it
+repeats, it waits 1 min, then 2, 4, ... up to 60, and until then the start is warm. Anything
+that changes what was tried retries at once: a skill's record is matched on its path and
+pyproject hash (and lives in the marker of one runtime identity, which covers ``uv-args`` and
+the runtime), a rebuild's on the runtime it asked for.
+
+The rebuild's record cannot live in the marker: a failed rebuild leaves the old venv and its
+marker as they were. It lies beside the venv, ``<venv>.rebuild-failed``, written atomically and
+read as every state file is (see docs/architecture.md, "On disk").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from bootstrap import log
+from bootstrap.atomic import write_atomic
+from bootstrap.config import Config
+from bootstrap.fs import read_state_file
+from bootstrap.identity import identity_of, runtime_inputs
+from bootstrap.warm import now
+
+FIRST_DELAY: Final = 60.0
+LONGEST_DELAY: Final = 3600.0
+RETRY_HINT: Final = "`kernel-bootstrap ensure --retry` retries now"
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A recorded failure: its error, how many times in a row, and when it may be retried."""
+
+    error: str
+    failures: int
+    retry_at: float
+
+    @property
+    def backing_off(self) -> bool:
+        return now() < self.retry_at
+
+    def as_json(self) -> dict[str, object]:
+        return {"error": self.error, "failures": self.failures, "retry_at": iso(self.retry_at)}
+
+
+def delay(failures: int) -> float:
+    """How long the ``failures``-th failure in a row waits: none after the first, then 1 min,
+    doubling, at most 60 min."""
+    if failures <= 1:
+        return 0.0
+    return min(FIRST_DELAY * 2.0 ** min(failures - 2, 16), LONGEST_DELAY)
+
+
+def after(previous: Failure | None, error: str) -> Failure:
+    """The record of one more failure, ``previous`` being the last one with the same inputs."""
+    failures = (previous.failures if previous else 0) + 1
+    return Failure(error, failures, now() + delay(failures))
+
+
+def iso(timestamp: float) -> str:
+    """ISO 8601 in UTC to the second, as ``2026-12-02T05:44:33Z``."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(timestamp))
+
+
+def from_record(record: Mapping[str, object]) -> Failure | None:
+    """A failure read back from a record we wrote; None when it is not one.
+
+    A record written before failures backed off has no count and no retry time: it counts once
+    and is due now, which is what its writer meant (retried at the next start).
+    """
+    error = record.get("error")
+    if not isinstance(error, str):
+        return None
+    failures = record.get("failures")
+    retry_at = record.get("retry_at")
+    if isinstance(failures, bool) or not isinstance(failures, int) or failures < 1:
+        failures = 1
+    if isinstance(retry_at, bool) or not isinstance(retry_at, (int, float)):
+        retry_at = 0.0  # due
+    return Failure(error, failures, float(retry_at))
+
+
+# -- the runtime's rebuild ---------------------------------------------------------------------
+
+def record_path(venv: Path) -> Path:
+    return venv.with_name(venv.name + ".rebuild-failed")
+
+
+def rebuild_key(config: Config) -> str:
+    """What a rebuild asked for: the runtime identity before uv picked the interpreter's
+    version (the venv that would tell it may be the old one, or none)."""
+    return identity_of(runtime_inputs(config, ""))
+
+
+def rebuild_failure(config: Config) -> Failure | None:
+    """The recorded failure of a rebuild of this very runtime, if there is one."""
+    try:
+        obj = json.loads(read_state_file(record_path(config.venv)))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, RecursionError) as e:
+        log.warning("the record of a failed rebuild is unreadable; ignoring it",
+                    path=str(record_path(config.venv)), error=str(e))
+        return None
+    try:
+        key = rebuild_key(config)
+    except OSError:  # the constraints file went away: the rebuild's own check says so
+        return None
+    if not isinstance(obj, dict) or obj.get("key") != key:
+        return None  # another runtime's failure: this one has not been tried
+    return from_record(obj)
+
+
+def note_rebuild_failure(config: Config, error: str) -> Failure:
+    """Record that this runtime's rebuild failed (under the bootstrap lock). Best effort: on a
+    full or read-only disk the record may not land, and the next start simply tries again."""
+    failure = after(rebuild_failure(config), error)
+    blob = json.dumps({"key": rebuild_key(config), **failure.as_json(),
+                       "retry_at": failure.retry_at}, indent=1, sort_keys=True)
+    try:
+        write_atomic(record_path(config.venv), blob.encode() + b"\n")
+    except OSError as e:
+        log.warning("could not record the failed rebuild; the next start retries it",
+                    path=str(record_path(config.venv)), error=e.strerror or str(e))
+    return failure
+
+
+def clear_rebuild_failure(venv: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        record_path(venv).unlink()
+
+
+def backed_off_message(failure: Failure) -> str:
+    times = "once" if failure.failures == 1 else f"{failure.failures} times in a row"
+    return (f"the rebuild of this runtime failed {times}; not retrying before "
+            f"{iso(failure.retry_at)} ({RETRY_HINT}, as does `kernel-bootstrap repair`). "
+            f"The old venv, if any, is unchanged. The last error:\n{failure.error}")
