@@ -20,6 +20,7 @@ from bootstrap.errors import EXIT_FAILED, BootstrapError, ConfigError, UvError
 from bootstrap.fs import remove_quietly, removed_on_failure
 from bootstrap.identity import identity_of, runtime_inputs
 from bootstrap.marker import RuntimeRecord, SkillRecord, base_marker, marker_path, write_marker
+from bootstrap.network import Network
 from bootstrap.readiness import Status, status
 from bootstrap.requirements import validate_requirements
 from bootstrap.results import Action, EnsureResult
@@ -123,7 +124,11 @@ def _make_ready(config: Config, found: Status, asked: tuple[bool, frozenset[str]
 
     ``asked``: ``force``, ``reinstall`` and ``retry`` as :func:`ensure` took them."""
     force, reinstall, retry = asked
-    uv = make_uv(config.constraints, config.uv_args)
+    # Only here, on the cold path, is the network asked about, and only the first uv call
+    # that needs an index waits for the answer.
+    network = Network(config.offline, config.uv_args)
+    network.start()
+    uv = make_uv(config.constraints, config.uv_args, network)
     skills_step = 1 if (found.pending or reinstall or found.stray) else 0
     snapshots: snapshot.Plan | None = None
     restored = False

@@ -216,8 +216,11 @@ def install_locked(uv: Uv, python: Path, lock: Path) -> None:
     log.info("installing the pinned runtime", lock=str(lock))
     # Without the constraints file: its resolution is in the pins already, and uv refuses
     # unpinned constraint lines when hashes are required.
-    uv.run("pip", "install", "--python", python, *uv.build_args, *install_args(lock),
-           what=f"uv could not install the pins of {lock} (the live venv, if any, is unchanged)")
+    # Offline first: the pins and hashes are exact, so a cached artifact is the one the index
+    # would serve, and asking the index for each of them cost 0.8 s where the cache took 0.12.
+    uv.cached_first("pip", "install", "--python", python, *uv.build_args, *install_args(lock),
+                    what=f"uv could not install the pins of {lock} (the live venv, if any, "
+                         "is unchanged)")
 
 
 def _configured(config: Config) -> Path:
@@ -273,6 +276,8 @@ def _compile(config: Config, uv: Uv, lock: Path, upgrade: bool) -> str:
             args += ["--constraints", str(config.constraints)]
         if upgrade:
             args.append("--upgrade")
+        if config.offline:
+            args.append("--offline")
         process.run(uv.exe, *args, *resolution_args(config.uv_args), _SOURCE, cwd=scratch,
                     env=environment(), error=UvError,
                     what=f"uv could not resolve the requirements into {lock}")
