@@ -30,6 +30,7 @@ environment:
   KERNEL_BOOTSTRAP_BUILD_CACHE         where built skills are kept (default: the user cache dir)
   KERNEL_BOOTSTRAP_BATCH_BUILDS=0      let uv build every skill itself (no batching, no cache)
   KERNEL_BOOTSTRAP_SNAPSHOT_TIMEOUT    seconds a bucket may take to answer (default: 5)
+  KERNEL_BOOTSTRAP_OFFLINE=1           never contact a package index (as UV_OFFLINE=1 does)
   NO_COLOR                   no colour on a terminal"""
 # Global options may come before or after the subcommand (as uv's do). Each parser level keeps
 # its own copy under its own name; _merge_globals adds the counts and lets the last value win.
