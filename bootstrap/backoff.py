@@ -24,11 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from bootstrap import log
+from bootstrap import log, warm
 from bootstrap.atomic import write_atomic
 from bootstrap.config import Config
+from bootstrap.errors import BootstrapError
 from bootstrap.fs import read_state_file
 from bootstrap.identity import identity_of, runtime_inputs
+from bootstrap.venv import interpreter
 from bootstrap.warm import now
 
 FIRST_DELAY: Final = 60.0
@@ -120,9 +122,9 @@ def rebuild_failure(config: Config) -> Failure | None:
     return from_record(obj)
 
 
-def note_rebuild_failure(config: Config, error: str) -> Failure:
-    """Record that this runtime's rebuild failed (under the bootstrap lock). Best effort: on a
-    full or read-only disk the record may not land, and the next start simply tries again."""
+def note_rebuild_failure(config: Config, error: str) -> Failure | None:
+    """Record that this runtime's rebuild failed (under the bootstrap lock); None when the
+    record could not be written (a full or read-only disk): the next start then tries again."""
     failure = after(rebuild_failure(config), error)
     blob = json.dumps({"key": rebuild_key(config), **failure.as_json(),
                        "retry_at": failure.retry_at}, indent=1, sort_keys=True)
@@ -131,7 +133,26 @@ def note_rebuild_failure(config: Config, error: str) -> Failure:
     except OSError as e:
         log.warning("could not record the failed rebuild; the next start retries it",
                     path=str(record_path(config.venv)), error=e.strerror or str(e))
+        return None
     return failure
+
+
+def refuse_rebuild(config: Config, failure: Failure | None, stamped: list[tuple[str, str]],
+                   *, retry: bool) -> None:
+    """Inside a failed rebuild's backoff window (and no ``retry``): raise its recorded error.
+
+    With ``stamped`` (taken before ``failure`` was read) the warm path is told to answer the
+    same until the window ends: the full path alone costs more than the 0.1 s allowed."""
+    if failure is None or not failure.backing_off or retry:
+        return
+    remember_refusal(config, failure, stamped)
+    raise BootstrapError(backed_off_message(failure))
+
+
+def remember_refusal(config: Config, failure: Failure, stamped: list[tuple[str, str]]) -> None:
+    if stamped and config.path is not None:
+        warm.save(str(config.path), str(config.venv), str(interpreter(config.venv)), stamped,
+                  until=failure.retry_at, refused=backed_off_message(failure))
 
 
 def clear_rebuild_failure(venv: Path) -> None:

@@ -62,7 +62,8 @@ def ensure(config: Config, *, lock_timeout: float = 300.0, force: bool = False,
     if _nothing_due(found, force, reinstall, retry):
         return _settled(config, found, config_stamps + venv_stamps)
     if force or not found.base_current:
-        _refuse_backed_off_rebuild(config, found, force or retry, config_stamps + venv_stamps)
+        backoff.refuse_rebuild(config, found.rebuild, config_stamps + venv_stamps,
+                               retry=force or retry)
         # Only a rebuild reads the requirements; a current runtime's were valid when it was
         # built (its identity covers them). Checked before the lock so nothing is created.
         validate_requirements(config)
@@ -80,7 +81,7 @@ def ensure(config: Config, *, lock_timeout: float = 300.0, force: bool = False,
         if _nothing_due(found, force, reinstall, retry):
             return _settled(config, found, config_stamps + venv_stamps)
         if not found.base_current:
-            _refuse_backed_off_rebuild(config, found, force or retry, [])
+            backoff.refuse_rebuild(config, found.rebuild, [], retry=force or retry)
         return _make_ready(config, found, (force, reinstall, retry), config_stamps,
                            with_skills=not cut_short)
 
@@ -100,22 +101,6 @@ def _settled(config: Config, found: Status, stamped: list[tuple[str, str]]) -> E
         warn_backed_off(skill.name, skill.failure)
         failed[skill.name] = skill.failure.error
     return EnsureResult(found.python, config.venv, "ready", failed=failed)
-
-
-def _refuse_backed_off_rebuild(config: Config, found: Status, retry: bool,
-                               stamped: list[tuple[str, str]]) -> None:
-    """Inside a failed rebuild's backoff window: fail at once, with the recorded error.
-
-    With ``stamped`` (taken before ``found`` was read) the warm path is told to answer the
-    same until the window ends: the full path alone costs more than the 0.1 s allowed."""
-    failure = found.rebuild
-    if failure is None or not failure.backing_off or retry:
-        return
-    message = backoff.backed_off_message(failure)
-    if stamped and config.path is not None:
-        warm.save(str(config.path), str(config.venv), str(interpreter(config.venv)), stamped,
-                  until=failure.retry_at, refused=message)
-    raise BootstrapError(message)
 
 
 def _make_ready(config: Config, found: Status, asked: tuple[bool, frozenset[str], bool],
@@ -144,7 +129,8 @@ def _make_ready(config: Config, found: Status, asked: tuple[bool, frozenset[str]
         progress.start(2 + bool(config.requirements or config.lock) + skills_step)
         snapshots = _snapshot_plan(config, uv)
         action = "rebuild"
-        runtime, restored, rode = _rebuild_noted(config, uv, snapshots, with_skills)
+        runtime, restored, rode = _rebuild_noted(config, uv, snapshots, with_skills,
+                                                 config_stamps)
     outcome = sync_skills(config, uv, runtime, reinstall, retry=retry)
     outcome.installed[:0] = [n for n in rode if n not in outcome.installed]
     progress.finish("ready" if not outcome.failed
@@ -161,7 +147,8 @@ def _make_ready(config: Config, found: Status, asked: tuple[bool, frozenset[str]
 
 
 def _rebuild_noted(config: Config, uv: Uv, snapshots: snapshot.Plan | None,
-                   with_skills: bool) -> tuple[RuntimeRecord, bool, list[str]]:
+                   with_skills: bool,
+                   config_stamps: list[tuple[str, str]]) -> tuple[RuntimeRecord, bool, list[str]]:
     """:func:`rebuild`, its failure recorded so that the next starts back off (a usage error
     is not recorded: it is fixed by editing the config, which retries anyway)."""
     try:
@@ -169,10 +156,13 @@ def _rebuild_noted(config: Config, uv: Uv, snapshots: snapshot.Plan | None,
     except (BootstrapError, OSError) as e:
         if not isinstance(e, BootstrapError) or e.exit_code == EXIT_FAILED:
             failure = backoff.note_rebuild_failure(config, str(e))
-            if failure.backing_off:
+            if failure is not None and failure.backing_off:
                 log.info("the rebuild failed again; the next starts do not retry it before "
                          "retry_at", retry_at=backoff.iso(failure.retry_at),
                          failures=failure.failures)
+                # The venv is as it was, but for the record: the next start answers warm.
+                stamped = config_stamps + warm.stamps(_venv_paths(config))
+                backoff.remember_refusal(config, failure, stamped)
         raise
     backoff.clear_rebuild_failure(config.venv)
     return built
