@@ -18,6 +18,7 @@ from typing import Final
 from bootstrap import lock, lockfile, process
 from bootstrap.config import Config
 from bootstrap.errors import ProcessError
+from bootstrap.network import Network
 from bootstrap.uv import make_uv
 from bootstrap.venv import interpreter
 
@@ -108,7 +109,8 @@ def repair(config: Config, skill_projects: Iterable[str], lock_timeout: float) -
         found = inspect(config, python, skill_projects) if python.exists() else None
         if found is None or found.exact:
             return []
-        uv = make_uv(config.constraints, config.uv_args)
+        uv = make_uv(config.constraints, config.uv_args,
+                     Network(config.offline, config.uv_args))
         done: list[str] = []
         try:
             if found.extra:

@@ -29,6 +29,7 @@ from bootstrap.config import Config, default_python
 from bootstrap.errors import ConfigError, UvError
 from bootstrap.fs import removed_on_exit
 from bootstrap.identity import file_digest, normalise_requirement
+from bootstrap.network import Network
 from bootstrap.requirements import validate_requirements
 from bootstrap.uv import Uv, environment, make_uv
 
@@ -237,7 +238,7 @@ def write(config: Config, *, upgrade: bool = False) -> LockResult:
 
     lock = _configured(config)
     validate_requirements(config)
-    uv = make_uv(config.constraints, config.uv_args)
+    uv = make_uv(config.constraints, config.uv_args, Network(config.offline, config.uv_args))
     target = target_of(config, uv)
     digest = inputs_digest(config, target)
     if not upgrade and state(config, target) == "current":
@@ -276,8 +277,7 @@ def _compile(config: Config, uv: Uv, lock: Path, upgrade: bool) -> str:
             args += ["--constraints", str(config.constraints)]
         if upgrade:
             args.append("--upgrade")
-        if config.offline:
-            args.append("--offline")
+        args += uv.network.args()
         process.run(uv.exe, *args, *resolution_args(config.uv_args), _SOURCE, cwd=scratch,
                     env=environment(), error=UvError,
                     what=f"uv could not resolve the requirements into {lock}")

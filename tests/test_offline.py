@@ -112,3 +112,13 @@ def test_find_links_and_indexes_reach_uv_offline_too(world: World) -> None:
     installs = world.installs()
     assert installs and all(str(links) in c and "https://example.invalid/simple" in c
                             and "--offline" in c for c in installs)
+
+
+def test_lock_and_a_locked_ensure_stay_offline_when_configured(world: World) -> None:
+    world.write_config(requirements=["six"], lock="requirements.lock", offline=True)
+    assert world.run("lock").returncode == 0
+    compiles = [c for c in world.uv_calls() if c[:2] == ["pip", "compile"]]
+    assert compiles and all("--offline" in c for c in compiles)
+    world.clear_log()
+    world.ensure()
+    _every_call_offline(world)
