@@ -237,7 +237,7 @@ def sync_skills(config: Config, uv: Uv, runtime: RuntimeRecord,
     pending = [s for s in sync.skills.values()
                if s.name in reinstall or not _is_recorded(s, recorded)]
     if not retry:
-        pending = [s for s in pending if s.name in reinstall or not _held_back(sync, s)]
+        pending = _hold_back(sync, pending)
     for skill in [s for s in pending if s.problem]:
         sync.fail(skill, skill.problem)
     pending = [s for s in pending if not s.problem]
@@ -277,14 +277,23 @@ def _failure_of(skill: PythonSkill,
     return backoff.from_record(record)
 
 
-def _held_back(sync: _Sync, skill: PythonSkill) -> bool:
-    """Whether the skill's failure is backing off: then it is reported, not tried."""
-    failure = _failure_of(skill, sync.earlier)
-    if failure is None or not failure.backing_off:
-        return False
-    warn_backed_off(skill.name, failure)
-    sync.outcome.failed[skill.name] = failure.error
-    return True
+def _hold_back(sync: _Sync, pending: list[PythonSkill]) -> list[PythonSkill]:
+    """``pending`` without the skills whose failure is backing off; those are reported.
+
+    A skill one of whose configured dependencies is going to be tried is tried with it: its
+    failure may have been that dependency's ("depends on skill ..., which failed")."""
+    held = {s.name: f for s in pending if s.name not in sync.reinstall
+            and (f := _failure_of(s, sync.earlier)) is not None and f.backing_off}
+    tried = {s.name for s in pending} - set(held)
+    while released := [n for n in held if any(
+            d.name in tried for d in with_dependencies(sync.skills[n], sync.by_project)[:-1])]:
+        for name in released:
+            del held[name]
+            tried.add(name)
+    for name, failure in held.items():
+        warn_backed_off(name, failure)
+        sync.outcome.failed[name] = failure.error
+    return [s for s in pending if s.name not in held]
 
 
 def warn_backed_off(name: str, failure: backoff.Failure) -> None:

@@ -190,3 +190,18 @@ def test_a_failed_rebuild_backs_off_keeps_the_old_venv_and_retries_on_a_change(
     assert out["action"] == "rebuild" and world.venv_calls() != []
     assert "rebuild" not in json.loads(world.run("status", "--json").stdout)
     assert not (world.venv.parent / "venv.rebuild-failed").exists()
+
+
+def test_a_skill_failing_because_of_its_dependency_is_retried_with_the_fixed_dependency(
+        world: World) -> None:
+    world.skill("gamma", deps=("beta",))
+    broken = {"FAKE_UV_FAIL": "beta", "FAKE_UV_OFFINDEX": "beta"}
+    for _ in range(2):
+        world.ensure(env=at(0, **broken))
+    assert _skill(world, "gamma", **at(1))["failures"] == 2
+    world.clear_log()
+    world.ensure(env=at(1, **broken))
+    assert world.uv_calls() == [], "both back off: no uv call, not even for gamma's group"
+    world.skill("beta", version="0.2.0")  # fixed: beta is tried at once, and gamma with it
+    out = json.loads(world.ensure("--json", env=at(2)).stdout)
+    assert sorted(out["installed"]) == ["beta", "gamma"] and out["failed"] == []
