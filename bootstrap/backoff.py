@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -30,6 +30,8 @@ from bootstrap.config import Config
 from bootstrap.errors import BootstrapError
 from bootstrap.fs import read_state_file
 from bootstrap.identity import identity_of, runtime_inputs
+from bootstrap.marker import FailedRecord
+from bootstrap.python_skill import PythonSkill, with_dependencies
 from bootstrap.venv import interpreter
 from bootstrap.warm import now
 
@@ -89,6 +91,44 @@ def from_record(record: Mapping[str, object]) -> Failure | None:
     if isinstance(retry_at, bool) or not isinstance(retry_at, (int, float)):
         retry_at = 0.0  # due
     return Failure(error, failures, float(retry_at))
+
+
+# -- skills ------------------------------------------------------------------------------------
+
+def failure_of(skill: PythonSkill, failed: Mapping[str, FailedRecord]) -> Failure | None:
+    """The skill's recorded failure, if it was recorded for the skill as it is now."""
+    record = failed.get(skill.name)
+    if record is None or (record["path"], record["pyproject"]) != (str(skill.skill.path),
+                                                                    skill.hash):
+        return None
+    return from_record(record)
+
+
+def held_back(pending: Sequence[PythonSkill], failed: Mapping[str, FailedRecord],
+              reinstall: frozenset[str],
+              by_project: Mapping[str, PythonSkill]) -> dict[str, Failure]:
+    """The skills of ``pending`` not to try now (their failures are backing off), with those
+    failures.
+
+    A skill one of whose configured dependencies is going to be tried is tried with it: its
+    failure may have been that dependency's ("depends on skill ..., which failed")."""
+    by_name = {s.name: s for s in pending}
+    held = {s.name: f for s in pending if s.name not in reinstall
+            and (f := failure_of(s, failed)) is not None and f.backing_off}
+    tried = set(by_name) - set(held)
+    while released := [n for n in held if any(
+            d.name in tried for d in with_dependencies(by_name[n], by_project)[:-1])]:
+        for name in released:
+            del held[name]
+            tried.add(name)
+    return held
+
+
+def warn_backed_off(name: str, failure: Failure) -> None:
+    """The warning for a skill not tried because its failure is backing off (the warm path
+    prints the same event, without the error)."""
+    log.warning(warm.BACKED_OFF, skill=name, failures=failure.failures,
+                retry_at=iso(failure.retry_at), error=failure.error, hint=RETRY_HINT)
 
 
 # -- the runtime's rebuild ---------------------------------------------------------------------

@@ -25,7 +25,7 @@ from bootstrap.readiness import Status, status
 from bootstrap.requirements import validate_requirements
 from bootstrap.results import Action, EnsureResult
 from bootstrap.skillmd import SKILL_FILE
-from bootstrap.sync import Riders, build_ahead, cached_riders, sync_skills, warn_backed_off
+from bootstrap.sync import Riders, build_ahead, cached_riders, sync_skills
 from bootstrap.uv import Uv, make_uv
 from bootstrap.venv import (
     interpreter,
@@ -98,7 +98,7 @@ def _settled(config: Config, found: Status, stamped: list[tuple[str, str]]) -> E
     failed = {}
     for skill in found.backed_off:
         assert skill.failure is not None
-        warn_backed_off(skill.name, skill.failure)
+        backoff.warn_backed_off(skill.name, skill.failure)
         failed[skill.name] = skill.failure.error
     return EnsureResult(found.python, config.venv, "ready", failed=failed)
 

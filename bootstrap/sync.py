@@ -27,7 +27,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bootstrap import backoff, editables, log, progress, warm
+from bootstrap import backoff, editables, log, progress
 from bootstrap.atomic import DiskError
 from bootstrap.config import Config
 from bootstrap.errors import BootstrapError, UvError
@@ -92,7 +92,7 @@ class _Sync:
         self.outcome.installed += [s.name for s in group if s.name not in self.outcome.installed]
 
     def fail(self, skill: PythonSkill, error: str) -> None:
-        previous = _failure_of(skill, self.earlier)
+        previous = backoff.failure_of(skill, self.earlier)
         failure = backoff.after(previous, error)
         log.warning("skill failed to install", skill=skill.name, path=str(skill.skill.path),
                     error=error, failures=failure.failures,
@@ -237,7 +237,11 @@ def sync_skills(config: Config, uv: Uv, runtime: RuntimeRecord,
     pending = [s for s in sync.skills.values()
                if s.name in reinstall or not _is_recorded(s, recorded)]
     if not retry:
-        pending = _hold_back(sync, pending)
+        held = backoff.held_back(pending, sync.earlier, reinstall, sync.by_project)
+        for name, failure in held.items():
+            backoff.warn_backed_off(name, failure)
+            sync.outcome.failed[name] = failure.error
+        pending = [s for s in pending if s.name not in held]
     for skill in [s for s in pending if s.problem]:
         sync.fail(skill, skill.problem)
     pending = [s for s in pending if not s.problem]
@@ -265,43 +269,6 @@ def _group_size(marker: MarkerData | None, pending: list[PythonSkill]) -> int:
              "smaller groups", skills=tried, pid=attempt["pid"], inside_uv=inside,
              group_size=size)
     return size
-
-
-def _failure_of(skill: PythonSkill,
-                failed: dict[str, FailedRecord]) -> backoff.Failure | None:
-    """The skill's recorded failure, if it was recorded for the skill as it is now."""
-    record = failed.get(skill.name)
-    if record is None or (record["path"], record["pyproject"]) != (str(skill.skill.path),
-                                                                    skill.hash):
-        return None
-    return backoff.from_record(record)
-
-
-def _hold_back(sync: _Sync, pending: list[PythonSkill]) -> list[PythonSkill]:
-    """``pending`` without the skills whose failure is backing off; those are reported.
-
-    A skill one of whose configured dependencies is going to be tried is tried with it: its
-    failure may have been that dependency's ("depends on skill ..., which failed")."""
-    held = {s.name: f for s in pending if s.name not in sync.reinstall
-            and (f := _failure_of(s, sync.earlier)) is not None and f.backing_off}
-    tried = {s.name for s in pending} - set(held)
-    while released := [n for n in held if any(
-            d.name in tried for d in with_dependencies(sync.skills[n], sync.by_project)[:-1])]:
-        for name in released:
-            del held[name]
-            tried.add(name)
-    for name, failure in held.items():
-        warn_backed_off(name, failure)
-        sync.outcome.failed[name] = failure.error
-    return [s for s in pending if s.name not in held]
-
-
-def warn_backed_off(name: str, failure: backoff.Failure) -> None:
-    """The warning for a skill not tried because its failure is backing off (the warm path
-    prints the same event, without the error)."""
-    log.warning(warm.BACKED_OFF, skill=name, failures=failure.failures,
-                retry_at=backoff.iso(failure.retry_at), error=failure.error,
-                hint=backoff.RETRY_HINT)
 
 
 def _is_recorded(skill: PythonSkill, recorded: dict[str, SkillRecord]) -> bool:
