@@ -142,10 +142,12 @@ def _when(failure: Failure) -> str:
 
 def _last_line(text: str) -> str:
     lines = text.strip().splitlines()
-    return lines[-1] if lines else text
+    return lines[-1].strip() if lines else text
 
 
 def _next(found: Status) -> str:
+    if found.rebuild is not None and found.rebuild.backing_off:
+        return "ensure --retry` after fixing what made the rebuild fail"
     if any(s.state == "failed" for s in found.skills):
         return "repair` after fixing the failed skills, or `kernel-bootstrap ensure"
     return "ensure"
