@@ -32,7 +32,7 @@ from bootstrap.fs import read_state_file
 from bootstrap.identity import identity_of, runtime_inputs
 from bootstrap.marker import FailedRecord
 from bootstrap.python_skill import PythonSkill, with_dependencies
-from bootstrap.venv import interpreter
+from bootstrap.venv import interpreter, rebuild_record
 from bootstrap.warm import now
 
 FIRST_DELAY: Final = 60.0
@@ -133,10 +133,6 @@ def warn_backed_off(name: str, failure: Failure) -> None:
 
 # -- the runtime's rebuild ---------------------------------------------------------------------
 
-def record_path(venv: Path) -> Path:
-    return venv.with_name(venv.name + ".rebuild-failed")
-
-
 def rebuild_key(config: Config) -> str:
     """What a rebuild asked for: the runtime identity before uv picked the interpreter's
     version (the venv that would tell it may be the old one, or none)."""
@@ -146,12 +142,12 @@ def rebuild_key(config: Config) -> str:
 def rebuild_failure(config: Config) -> Failure | None:
     """The recorded failure of a rebuild of this very runtime, if there is one."""
     try:
-        obj = json.loads(read_state_file(record_path(config.venv)))
+        obj = json.loads(read_state_file(rebuild_record(config.venv)))
     except FileNotFoundError:
         return None
     except (OSError, ValueError, RecursionError) as e:
         log.warning("the record of a failed rebuild is unreadable; ignoring it",
-                    path=str(record_path(config.venv)), error=str(e))
+                    path=str(rebuild_record(config.venv)), error=str(e))
         return None
     try:
         key = rebuild_key(config)
@@ -169,10 +165,10 @@ def note_rebuild_failure(config: Config, error: str) -> Failure | None:
     blob = json.dumps({"key": rebuild_key(config), **failure.as_json(),
                        "retry_at": failure.retry_at}, indent=1, sort_keys=True)
     try:
-        write_atomic(record_path(config.venv), blob.encode() + b"\n")
+        write_atomic(rebuild_record(config.venv), blob.encode() + b"\n")
     except OSError as e:
         log.warning("could not record the failed rebuild; the next start retries it",
-                    path=str(record_path(config.venv)), error=e.strerror or str(e))
+                    path=str(rebuild_record(config.venv)), error=e.strerror or str(e))
         return None
     return failure
 
@@ -197,7 +193,7 @@ def remember_refusal(config: Config, failure: Failure, stamped: list[tuple[str, 
 
 def clear_rebuild_failure(venv: Path) -> None:
     with contextlib.suppress(FileNotFoundError):
-        record_path(venv).unlink()
+        rebuild_record(venv).unlink()
 
 
 def backed_off_message(failure: Failure) -> str:

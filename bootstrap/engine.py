@@ -32,6 +32,7 @@ from bootstrap.venv import (
     interrupted_rebuild,
     is_venv,
     python_version,
+    rebuild_record,
     recover,
     scripts_dir,
     staging_path,
@@ -203,7 +204,7 @@ def _config_paths(config: Config) -> list[str]:
 def _venv_paths(config: Config) -> list[str]:
     venv = config.venv
     return [str(venv / "pyvenv.cfg"), str(marker_path(venv)), str(interpreter(venv)),
-            str(backoff.record_path(venv))]
+            str(rebuild_record(venv))]
 
 
 def _remember(config: Config, stamped: list[tuple[str, str]],

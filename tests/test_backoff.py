@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from bootstrap import backoff, warm
+from testing.processes import spawn
+from testing.seams import Seam, seam_argv, seam_env
 from testing.world import World
 
 T0 = time.time() + 10 * 86400  # "now" for these tests: never the real clock's
@@ -205,3 +207,40 @@ def test_a_skill_failing_because_of_its_dependency_is_retried_with_the_fixed_dep
     world.skill("beta", version="0.2.0")  # fixed: beta is tried at once, and gamma with it
     out = json.loads(world.ensure("--json", env=at(2)).stdout)
     assert sorted(out["installed"]) == ["beta", "gamma"] and out["failed"] == []
+
+
+def _failing_rebuild(world: World) -> dict[str, str]:
+    world.ensure(env=at(0))
+    world.write_config(requirements=["requests"])
+    return at(0, FAKE_UV_FAIL="requests")
+
+
+def test_killed_while_recording_a_failed_rebuild_leaves_a_whole_record_or_none(
+        world: World) -> None:
+    env = _failing_rebuild(world)
+    assert world.run("ensure", env=env).returncode == 1  # failure 1 is recorded
+    kill = Seam(call="replace", action="kill", match="venv.rebuild-failed")
+    killed = spawn(seam_argv(["ensure", "--config", str(world.config)]),
+                   seam_env({**world.env, **env}, kill))
+    killed.communicate(timeout=120)
+    assert killed.returncode == -9
+    record = json.loads((world.root / "venv.rebuild-failed").read_text())
+    assert record["failures"] == 1, "the killed write changed nothing"
+    assert [p.name for p in world.root.glob(".venv.rebuild-failed.tmp-*")] != []
+    assert world.run("ensure", env=env).returncode == 1  # failure 2, and the leftover reaped
+    assert json.loads((world.root / "venv.rebuild-failed").read_text())["failures"] == 2
+    assert list(world.root.glob(".venv.rebuild-failed.tmp-*")) == []
+
+
+def test_a_full_disk_for_the_record_still_reports_uvs_error(world: World) -> None:
+    env = _failing_rebuild(world)
+    full = Seam(call="write", action="ENOSPC", match="venv.rebuild-failed")
+    result = subprocess.run(seam_argv(["ensure", "--config", str(world.config)]),
+                            capture_output=True, text=True,
+                            env=seam_env({**world.env, **env}, full), timeout=120, check=False)
+    assert result.returncode == 1
+    assert "fake download failure for requests" in result.stderr
+    assert "could not record the failed rebuild" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (world.root / "venv.rebuild-failed").exists()
+    assert world.imports("alpha")
