@@ -199,7 +199,7 @@ def _build_group(backend: str, requires: tuple[str, ...], members: list[PythonSk
                         what=f"uv could not install the build requirements {', '.join(requires)}")
     request = {
         "backend": backend,
-        "install": [str(uv.exe), *install, *uv.network.args()],
+        "install": [str(uv.exe), *install, *uv.network.args(install)],
         "skills": [_item(s, workdir, publish) for s in members],
         "results": str(workdir / "results.json"),
     }

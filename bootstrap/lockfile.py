@@ -277,7 +277,7 @@ def _compile(config: Config, uv: Uv, lock: Path, upgrade: bool) -> str:
             args += ["--constraints", str(config.constraints)]
         if upgrade:
             args.append("--upgrade")
-        args += uv.network.args()
+        args += uv.network.args(config.uv_args)
         process.run(uv.exe, *args, *resolution_args(config.uv_args), _SOURCE, cwd=scratch,
                     env=environment(), error=UvError,
                     what=f"uv could not resolve the requirements into {lock}")

@@ -103,7 +103,8 @@ class Network:
     """The session's answer to "may uv contact an index?", asked for at most once."""
 
     def __init__(self, configured: bool, uv_args: Sequence[str]) -> None:
-        self.configured = configured
+        # `--offline` in uv-args says the same as `offline = true`.
+        self.configured = configured or "--offline" in uv_args
         self._host = None if configured else index_host(uv_args)
         self._problem: str | None = None
         self._thread: threading.Thread | None = None
@@ -137,8 +138,9 @@ class Network:
                             error=self._problem)
         return self._problem is not None
 
-    def args(self) -> tuple[str, ...]:
-        return OFFLINE_ARGS if self.offline else ()
+    def args(self, argv: Sequence[object] = ()) -> tuple[str, ...]:
+        """``--offline`` when offline, unless ``argv`` has it already (uv refuses it twice)."""
+        return OFFLINE_ARGS if self.offline and "--offline" not in argv else ()
 
 
 ONLINE: Final = Network(False, ["--no-index"])  # never checks, never offline

@@ -76,7 +76,7 @@ class Uv:
                  index: bool) -> tuple[list[str | Path], str]:
         if not (self.network.offline if index else self.network.configured):
             return list(args), what
-        return [*args, "--offline"], f"{what} (offline: nothing it lacks is in the cache)"
+        return [*args, *_once(args)], f"{what} (offline: nothing it lacks is in the cache)"
 
     def cached_first(self, *args: str | Path, what: str) -> process.Result:
         """``uv ARGS`` from the caches alone first, then, if they lack something and the
@@ -85,7 +85,7 @@ class Uv:
         if self.network.offline:
             return self.run(*args, what=what)
         try:
-            return self.run(*args, "--offline", what=what, index=False)
+            return self.run(*args, *_once(args), what=what, index=False)
         except UvError as e:
             if self.network.offline:  # the check found no network: the index cannot help
                 raise
@@ -115,6 +115,11 @@ class Uv:
     def uninstall(self, python: Path, projects: Sequence[str]) -> None:
         self.run("pip", "uninstall", "--python", python, *projects,
                  what=f"uv could not uninstall {', '.join(projects)}", index=False)
+
+
+def _once(args: Sequence[str | Path]) -> tuple[str, ...]:
+    """``--offline``, unless ``args`` has it already (from uv-args): uv refuses it twice."""
+    return () if "--offline" in args else ("--offline",)
 
 
 def make_uv(constraints: Path | None, uv_args: Sequence[str],

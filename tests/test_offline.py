@@ -122,3 +122,11 @@ def test_lock_and_a_locked_ensure_stay_offline_when_configured(world: World) -> 
     world.clear_log()
     world.ensure()
     _every_call_offline(world)
+
+
+def test_offline_in_uv_args_means_offline_and_is_never_passed_twice(world: World) -> None:
+    # The real uv refuses `--offline --offline` ("cannot be used multiple times").
+    world.write_config(requirements=["six"], uv_args=["--offline"])
+    world.ensure()
+    _every_call_offline(world)
+    assert all(c.count("--offline") == 1 for c in world.uv_calls()), world.uv_calls()
