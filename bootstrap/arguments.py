@@ -30,6 +30,7 @@ environment:
   KERNEL_BOOTSTRAP_BUILD_CACHE         where built skills are kept (default: the user cache dir)
   KERNEL_BOOTSTRAP_BATCH_BUILDS=0      let uv build every skill itself (no batching, no cache)
   KERNEL_BOOTSTRAP_SNAPSHOT_TIMEOUT    seconds a bucket may take to answer (default: 5)
+  KERNEL_BOOTSTRAP_OFFLINE=1           never contact a package index (as UV_OFFLINE=1 does)
   NO_COLOR                   no colour on a terminal"""
 # Global options may come before or after the subcommand (as uv's do). Each parser level keeps
 # its own copy under its own name; _merge_globals adds the counts and lets the last value win.
@@ -147,6 +148,9 @@ def _json(p: argparse.ArgumentParser, help: str = "print one JSON object") -> No
 def _ensure(p: argparse.ArgumentParser, _: type[argparse.ArgumentParser]) -> None:
     _json(p, "print one JSON object, not the path")
     p.add_argument("--strict", action="store_true", help="exit 3 when any skill failed")
+    p.add_argument("--retry", action="store_true",
+                   help="retry every failed skill and a failed rebuild now, even while their "
+                        "failures back off")
     _lock_timeout(p, 300.0)
 
 

@@ -100,7 +100,7 @@ def _dispatch_environment(args: argparse.Namespace) -> int:
         from bootstrap.commands.ensure import ensure
 
         return ensure(args.config, as_json=args.json, strict=args.strict,
-                      lock_timeout=args.lock_timeout)
+                      lock_timeout=args.lock_timeout, retry=args.retry)
     if cmd == "status":
         from bootstrap.commands.status import status
 

@@ -26,8 +26,10 @@ TABLE: Final = "tool.kernel-bootstrap"
 ENV_CONFIG: Final = "KERNEL_BOOTSTRAP_CONFIG"
 _KEYS: Final = frozenset(
     {"venv", "python", "requirements", "constraints", "uv-args", "skills", "ready-check",
-     "snapshots", "lock"}
+     "snapshots", "lock", "offline"}
 )
+# Environment variables that mean `offline = true` (uv's own among them).
+OFFLINE_ENV: Final = ("KERNEL_BOOTSTRAP_OFFLINE", "UV_OFFLINE")
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,8 @@ class Config:
     # Directories skill discovery listed: a skill appearing in one changes its mtime, which is
     # how the warm path notices (see bootstrap.warm).
     watch: tuple[Path, ...] = ()
+    # Never contact a package index: every uv call gets --offline (see bootstrap.env.network).
+    offline: bool = False
 
     @property
     def python_skills(self) -> tuple[Skill, ...]:
@@ -223,7 +227,16 @@ def config_from_dict(data: dict[str, Any], file: Path) -> Config:
         lock=reader.path("lock", base),
         override_python=Path(override) if override else None,
         watch=watch,
+        offline=offline_from_env() is not None or reader.boolean("offline"),
     )
+
+
+def offline_from_env() -> str | None:
+    """The environment variable that asks for offline (set to 1, true, yes or on), if any."""
+    for name in OFFLINE_ENV:
+        if os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on"):
+            return name
+    return None
 
 
 class _Reader:
@@ -261,6 +274,12 @@ class _Reader:
         if not isinstance(value, str) or not value.strip():
             raise self._bad(key, "a non-empty string")
         return self._check_text(f"key {key!r}", value)
+
+    def boolean(self, key: str) -> bool:
+        value = self.data.get(key, False)
+        if not isinstance(value, bool):
+            raise self._bad(key, "true or false")
+        return value
 
     def strings(self, key: str) -> tuple[str, ...]:
         value = self.data.get(key, [])

@@ -9,6 +9,11 @@ under the user cache dir. The next start re-stats those paths; if all are identi
 size, mtime and ctime, which no user can set), nothing the full check read has changed and it
 would answer "ready" again. Any difference, or any doubt, falls through to the full check.
 
+A skill whose failure is backing off (bootstrap.backoff) does not make the start slow: the
+fingerprint then also records that failure and when it may be retried, holds only until then,
+and the warm path repeats the full path's answer (the warning naming the skill, the skill in
+``--json``'s ``failed``, exit 3 with ``--strict``).
+
 Nothing here writes on the warm path: the fingerprint is written only after a full check.
 """
 
@@ -17,6 +22,7 @@ from __future__ import annotations
 import os
 import stat  # already imported by os itself: free
 import sys
+import time  # built in, and imported by every interpreter's start: free
 
 FORMAT = "kernel-bootstrap-warm 1"
 # Environment that changes what the full check would conclude.
@@ -24,6 +30,21 @@ ENV_KEYS = ("KERNEL_BOOTSTRAP_VENV", "KERNEL_BOOTSTRAP_PYTHON", "KERNEL_BOOTSTRA
 _MAX_NAME = 200
 # A fingerprint of a config with 1,000 skills is ~300 KiB; anything bigger is not ours.
 _MAX_FINGERPRINT = 4 * 1024 * 1024
+# Tests move time with this (seconds since the epoch); see now().
+CLOCK_ENV = "KERNEL_BOOTSTRAP_TEST_NOW"
+BACKED_OFF = "skill failed to install earlier; not retried before retry_at"
+
+
+def now() -> float:
+    """The clock every backoff decision reads, warm or not (bootstrap.backoff uses this one):
+    ``$KERNEL_BOOTSTRAP_TEST_NOW`` when set, so that tests control time in child processes."""
+    fake = os.environ.get(CLOCK_ENV)
+    if fake:
+        try:
+            return float(fake)
+        except ValueError:
+            pass
+    return time.time()
 
 
 def cache_dir() -> str:
@@ -90,8 +111,6 @@ _COARSE_TICK_NS = 2_000_000_000
 def input_stamps(paths: list[str]) -> list[tuple[str, str]]:
     """:func:`stamps` of what a person or agent edits (the config, skills): those changed within
     a clock tick of now are RACY. The venv's own files are written only under our lock."""
-    import time
-
     out: list[tuple[str, str]] = []
     for path in paths:
         text = stamp(path)
@@ -105,15 +124,34 @@ def input_stamps(paths: list[str]) -> list[tuple[str, str]]:
     return out
 
 
-def render(config_file: str, venv: str, python: str, stamped: list[tuple[str, str]]) -> str:
-    """The fingerprint text; ``stamped`` were taken before the check that found us ready."""
+# A failure backing off: (skill name, failures in a row, retry time in ISO 8601, error).
+Failed = tuple[str, int, str, str]
+
+
+def render(config_file: str, venv: str, python: str, stamped: list[tuple[str, str]],
+           failed: tuple[Failed, ...] = (), until: float | None = None,
+           refused: str | None = None) -> str:
+    """The fingerprint text; ``stamped`` were taken before the check that found us ready,
+    ``failed`` are the failures backing off then, and the fingerprint holds ``until`` the
+    first of them is due. ``refused``: the error of a rebuild backing off, which the warm path
+    then answers with (exit 1) instead of the interpreter."""
+    import json
+
     lines = [FORMAT, f"config\t{config_file}", f"venv\t{venv}", f"python\t{python}"]
     lines += [f"env\t{k}\t{os.environ.get(k, '')}" for k in ENV_KEYS]
     lines += [f"stat\t{p}\t{s}" for p, s in stamped]
+    if until is not None:
+        lines.append(f"until\t{until!r}")
+    # The error as a JSON string: one line, no tab, read back only by `ensure --json`.
+    lines += [f"failed\t{n}\t{count}\t{at}\t{json.dumps(e)}" for n, count, at, e in failed]
+    if refused is not None:
+        lines.append(f"refused\t{json.dumps(refused)}")
     return "\n".join(lines) + "\n"
 
 
-def save(config_file: str, venv: str, python: str, stamped: list[tuple[str, str]]) -> None:
+def save(config_file: str, venv: str, python: str, stamped: list[tuple[str, str]],
+         failed: tuple[Failed, ...] = (), until: float | None = None,
+         refused: str | None = None) -> None:
     """Write the fingerprint (slow path only); a failure just means no warm path next time."""
     path = fingerprint_path(config_file)
     if path is None or any("\t" in p or "\n" in p for p, _ in stamped):
@@ -122,7 +160,7 @@ def save(config_file: str, venv: str, python: str, stamped: list[tuple[str, str]
 
     from bootstrap.primitives.atomic import write_atomic
 
-    text = render(config_file, venv, python, stamped)
+    text = render(config_file, venv, python, stamped, failed, until, refused)
     # Every warm in-process ensure() lands here; rewriting identical bytes cost an fsync'd
     # replace (~1.3 ms, more than the rest of the call) and broke "the warm path writes nothing".
     if _read(path) == text:
@@ -202,6 +240,14 @@ def venv_python(venv: str) -> str:
 
 def check(config_file: str) -> tuple[str, str] | None:
     """(venv, interpreter) if the fingerprint for ``config_file`` still holds, else None."""
+    found = holds(config_file)
+    return None if found is None else (found[0], found[1])
+
+
+def holds(config_file: str) -> tuple[str, str, list[list[str]], str | None] | None:
+    """(venv, interpreter, the failures backing off as their ``failed`` fields, the refused
+    rebuild's error as JSON text) if the fingerprint for ``config_file`` still holds, else
+    None."""
     path = fingerprint_path(config_file)
     text = _read(path) if path is not None else None
     if text is None:
@@ -210,6 +256,8 @@ def check(config_file: str) -> tuple[str, str] | None:
     if len(lines) < 4 or lines[0] != FORMAT or lines[-1] != "":
         return None
     python = venv = None
+    failed: list[list[str]] = []
+    refused = None
     stamped: set[str] = set()
     for line in lines[1:-1]:
         fields = line.split("\t")
@@ -227,13 +275,27 @@ def check(config_file: str) -> tuple[str, str] | None:
             if stamp(fields[1]) != fields[2]:
                 return None
             stamped.add(fields[1])
+        elif kind == "until" and len(fields) == 2:
+            if not _before(fields[1]):
+                return None  # a failure is due: the full path retries it
+        elif kind == "failed" and len(fields) == 5 and fields[2].isdigit():
+            failed.append(fields[1:])
+        elif kind == "refused" and len(fields) == 2:
+            refused = fields[1]
         elif kind != "config":
             return None
     # Only what the full check would print, and only when it stamped that interpreter and the
     # config: a fingerprint edited to name another program once had the kernel start it.
     if venv is None or python != venv_python(venv) or not {python, config_file} <= stamped:
         return None
-    return venv, python
+    return venv, python, failed, refused
+
+
+def _before(deadline: str) -> bool:
+    try:
+        return now() < float(deadline)
+    except ValueError:
+        return False
 
 
 def config_file_for(explicit: str | None) -> str | None:
@@ -272,8 +334,13 @@ _WITH_VALUE = ("--config", "--log-format", "--lock-timeout")
 _ENSURE_ONLY = ("--json", "--strict", "--lock-timeout")
 
 
-def parse_args(argv: list[str]) -> tuple[str | None, bool] | None:
-    """(``--config`` value, ``--json``) for the plain ``ensure`` forms; None for anything else.
+# What the warm path needs from the command line: --config's value, --json, --strict, how
+# many -q, and --log-format's value (None: by whether stderr is a terminal).
+Options = tuple[str | None, bool, bool, int, str | None]
+
+
+def parse_args(argv: list[str]) -> Options | None:
+    """The options of the plain ``ensure`` forms (see :data:`Options`); None for anything else.
 
     Only the forms the full parser (bootstrap.cli) reads the same way are answered here: before
     or after ``ensure``, ``--config PATH``, ``--config=PATH``, ``-q``, ``--quiet``,
@@ -281,8 +348,9 @@ def parse_args(argv: list[str]) -> tuple[str | None, bool] | None:
     SECONDS`` with a valid value. Anything else (``-v``, abbreviations, ``--lock-timeout abc``, a
     value that looks like an option) goes the long way, so it gets the full parser's answer.
     """
-    config: str | None = None
-    as_json = False
+    values: dict[str, str | None] = {"--config": None, "--log-format": None}
+    flags: set[str] = set()
+    quiet = 0
     seen_command = False
     i = 0
     while i < len(argv):
@@ -293,19 +361,24 @@ def parse_args(argv: list[str]) -> tuple[str | None, bool] | None:
             value = argv[i + 1] if i + 1 < len(argv) else ""
             if not _valid(arg, value, seen_command):
                 return None
-            config = value if arg == "--config" else config
+            values[arg] = value
             i += 1
         elif arg.startswith(("--config=", "--log-format=")):
             name, _, value = arg.partition("=")
             if not _valid(name, value, seen_command):
                 return None
-            config = value if name == "--config" else config
+            values[name] = value
         elif arg in _ENSURE_ONLY and seen_command:
-            as_json = as_json or arg == "--json"
-        elif arg not in _GLOBAL_FLAGS:
+            flags.add(arg)
+        elif arg in _GLOBAL_FLAGS:
+            quiet += 2 if arg == "-qq" else 1
+        else:
             return None
         i += 1
-    return (config, as_json) if seen_command else None
+    if not seen_command:
+        return None
+    return (values["--config"], "--json" in flags, "--strict" in flags, quiet,
+            values["--log-format"])
 
 
 def _valid(option: str, value: str, after_command: bool) -> bool:
@@ -323,17 +396,41 @@ def try_cli(argv: list[str]) -> int | None:
     parsed = parse_args(argv)
     if parsed is None or os.environ.get("KERNEL_BOOTSTRAP_PYTHON"):
         return None
-    config, as_json = parsed
+    config, as_json, strict, quiet, log_format = parsed
     config_file = config_file_for(config)
-    found = check(config_file) if config_file is not None else None
+    found = holds(config_file) if config_file is not None else None
     if found is None:
         return None
-    venv, python = found
+    venv, python, failed, refused = found
+    if refused is not None:
+        import json
+
+        sys.stderr.write(f"error: {json.loads(refused)}\n")
+        return 1  # EXIT_FAILED: a rebuild backing off, as the full path answers it
+    if quiet < 2:  # -qq shows errors only
+        for name, count, retry_at, _ in failed:
+            _warn_backed_off(name, count, retry_at, log_format)
     if as_json:
         import json
 
+        errors = [{"name": f[0], "error": json.loads(f[3])} for f in failed]
         print(json.dumps({"python": python, "venv": venv, "action": "ready", "installed": [],
-                          "failed": [], "removed": []}))
+                          "failed": errors, "removed": []}))
     else:
         print(python)
-    return 0
+    return 3 if strict and failed else 0  # EXIT_SKILLS_FAILED, as the full path decides
+
+
+def _warn_backed_off(name: str, count: str, retry_at: str, log_format: str | None) -> None:
+    """The warning bootstrap.engine logs for a failure backing off, in bootstrap.log's two
+    formats, without the error itself (``kernel-bootstrap status`` shows it). Skill names and
+    ISO times need no escaping in either."""
+    if log_format == "json" or (log_format is None and not os.isatty(2)):
+        moment = time.time()
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(moment))
+        line = (f'{{"skill": "{name}", "failures": {int(count)}, "retry_at": "{retry_at}", '
+                f'"event": "{BACKED_OFF}", "level": "warning", '
+                f'"timestamp": "{stamp}.{int(moment % 1 * 1e6):06d}Z"}}')
+    else:
+        line = f"warning: {BACKED_OFF} skill={name} failures={count} retry_at={retry_at}"
+    sys.stderr.write(line + "\n")

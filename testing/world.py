@@ -19,6 +19,8 @@ from testing.uvlog import Call, fake_uv_shim, read_calls
 
 
 def toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
     if isinstance(value, str):
         return json.dumps(value)
     if isinstance(value, list):

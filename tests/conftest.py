@@ -45,7 +45,8 @@ def isolated_home(
     # them back on) and directly (tests/integration/test_batched_builds.py).
     monkeypatch.setenv("KERNEL_BOOTSTRAP_BATCH_BUILDS", "0")
     for var in ("KERNEL_BOOTSTRAP_CONFIG", "KERNEL_BOOTSTRAP_VENV", "KERNEL_BOOTSTRAP_PYTHON",
-                "KERNEL_BOOTSTRAP_UV", "KERNEL_BOOTSTRAP_SNAPSHOTS", "VIRTUAL_ENV"):
+                "KERNEL_BOOTSTRAP_UV", "KERNEL_BOOTSTRAP_SNAPSHOTS", "VIRTUAL_ENV",
+                "KERNEL_BOOTSTRAP_OFFLINE", "UV_OFFLINE"):
         monkeypatch.delenv(var, raising=False)
     yield home
     for var in _GUARDED:

@@ -83,17 +83,20 @@ FORMS = [
     ["--config", "ensure", "ensure"], ["--json", "ensure"], ["--strict", "ensure"],
     ["--lock-timeout", "5", "ensure"], ["-v", "ensure"], ["ensure", "ensure"],
     ["-q", "status"], ["--config", "k.toml"], ["-q"], ["-V"], ["ensure", "-V"],
+    ["ensure", "--retry"], ["-qq", "ensure", "-q"], ["--log-format", "json", "ensure",
+                                                     "--log-format", "console"],
 ]
 
 
-def _real_parse(argv: list[str]) -> tuple[str | None, bool] | None:
+def _real_parse(argv: list[str]) -> warm.Options | None:
     try:
         args = parse_args(argv)
     except (UsageError, SystemExit):
         return None
     if args.command != "ensure":
         return None
-    return (str(args.config) if args.config is not None else None), bool(args.json)
+    return ((str(args.config) if args.config is not None else None), bool(args.json),
+            bool(args.strict), args.quiet, args.log_format)
 
 
 @pytest.mark.parametrize("argv", FORMS, ids=[" ".join(f) or "(none)" for f in FORMS])
@@ -107,13 +110,16 @@ def test_what_the_warm_parser_accepts_the_full_parser_reads_the_same_way(
 
 def test_the_warm_parser_answers_the_plain_forms() -> None:
     # Parity alone would hold for a warm parser that answers nothing: it must stay useful.
-    assert warm.parse_args(["ensure"]) == (None, False)
+    assert warm.parse_args(["ensure"]) == (None, False, False, 0, None)
     assert warm.parse_args(["ensure", "--config", "k", "--json", "--strict",
-                            "--lock-timeout", "5"]) == ("k", True)
-    assert warm.parse_args(["ensure", "--config=k"]) == ("k", False)
-    assert warm.parse_args(["-q", "--config", "k", "ensure", "--json"]) == ("k", True)
-    assert warm.parse_args(["--config", "a", "ensure", "--config", "b"]) == ("b", False)
-    assert warm.parse_args(["--log-format", "json", "ensure", "-q"]) == (None, False)
+                            "--lock-timeout", "5"]) == ("k", True, True, 0, None)
+    assert warm.parse_args(["ensure", "--config=k"]) == ("k", False, False, 0, None)
+    assert warm.parse_args(["-q", "--config", "k", "ensure", "--json"]) == ("k", True, False,
+                                                                            1, None)
+    assert warm.parse_args(["--config", "a", "ensure", "--config", "b"]) == ("b", False, False,
+                                                                             0, None)
+    assert warm.parse_args(["--log-format", "json", "ensure", "-qq"]) == (None, False, False,
+                                                                          2, "json")
 
 
 def test_the_warm_path_imports_nothing_but_what_it_did(tmp_path: Path) -> None:

@@ -11,13 +11,14 @@ from bootstrap.errors import EXIT_OK, EXIT_SKILLS_FAILED
 from bootstrap.primitives import progress
 
 
-def ensure(config_path: Path | None, *, as_json: bool, strict: bool, lock_timeout: float) -> int:
+def ensure(config_path: Path | None, *, as_json: bool, strict: bool, lock_timeout: float,
+           retry: bool = False) -> int:
     """stdout: the interpreter path (or one JSON object); on a terminal, stderr closes with what
     this run installed and removed (``+ name==version`` / ``- name==version``), as uv does."""
     config = load_config(config_path)
     venv = str(config.venv) if progress.enabled() else None
     before = progress.distributions(venv)
-    result = run_ensure(config, lock_timeout=lock_timeout)
+    result = run_ensure(config, lock_timeout=lock_timeout, retry=retry)
     progress.summary(before, progress.distributions(venv))
     if as_json:
         print(json.dumps({

@@ -45,6 +45,11 @@ requirements = ["ipykernel"]
 # Pin the runtime: `kernel-bootstrap lock` writes this file (pins with hashes) and `ensure`
 # then installs exactly it, refusing a lock made from other requirements.
 # lock = "requirements.lock"
+
+# Never contact a package index: everything comes from uv's cache, the build cache and the
+# snapshots (KERNEL_BOOTSTRAP_OFFLINE=1 or UV_OFFLINE=1 mean the same). Without it, an index
+# that cannot be reached makes a session use the caches alone, with a warning.
+# offline = true
 """
 
 

@@ -8,11 +8,12 @@ from pathlib import Path
 from typing import Any
 
 from bootstrap.config import Config, load_config
-from bootstrap.engine.status import Status
+from bootstrap.engine.status import SkillStatus, Status
 from bootstrap.engine.status import status as read_status
 from bootstrap.env.venv import python_version
 from bootstrap.errors import EXIT_FAILED, EXIT_OK, BootstrapError
 from bootstrap.primitives.lock import LockInfo, inspect
+from bootstrap.skills.backoff import Failure, iso
 
 
 def status(config_path: Path | None, *, as_json: bool) -> int:
@@ -86,6 +87,7 @@ def _with_lockfile(text: str, config: Config, state: str) -> str:
 
 
 def status_dict(found: Status, held: LockInfo) -> dict[str, Any]:
+    rebuild = {"rebuild": found.rebuild.as_json()} if found.rebuild is not None else {}
     return {
         "ready": found.ready,
         "venv": str(found.venv),
@@ -93,11 +95,18 @@ def status_dict(found: Status, held: LockInfo) -> dict[str, Any]:
         "marker": found.marker.state,
         "runtime": found.runtime,
         "why": found.why,
-        "skills": [{"name": s.name, "python": s.python, "state": s.state, "error": s.error}
-                   for s in found.skills],
+        **rebuild,
+        "skills": [_skill_dict(s) for s in found.skills],
         "stray": list(found.stray),
         "lock": {"held": held.held, "pid": held.pid},
     }
+
+
+def _skill_dict(skill: SkillStatus) -> dict[str, Any]:
+    entry = {"name": skill.name, "python": skill.python, "state": skill.state,
+             "error": skill.error}
+    # A failed skill also says how many times in a row, and when it is retried.
+    return {**entry, **skill.failure.as_json()} if skill.failure is not None else entry
 
 
 def render(found: Status, held: LockInfo) -> str:
@@ -110,12 +119,16 @@ def render(found: Status, held: LockInfo) -> str:
         "lock:    " + (f"held by pid {held.pid}" if held.held and held.pid
                        else "held" if held.held else "free"),
     ]
+    if found.rebuild is not None:
+        lines.insert(4, f"rebuild: failed ({_when(found.rebuild)}): "
+                        f"{_last_line(found.rebuild.error)}")
     if found.skills:
         width = max(len(s.name) for s in found.skills)
         lines.append("skills:")
         for s in found.skills:
             kind = "python" if s.python else "plain"
-            error = f"  {s.error.splitlines()[-1]}" if s.error else ""
+            error = f"  {_last_line(s.error)}" if s.error else ""
+            error += f" ({_when(s.failure)})" if s.failure else ""
             lines.append(f"  {s.name:<{width}}  {s.state:<9}  {kind}{error}")
     for name in found.stray:
         lines.append(f"  {name}  recorded but no longer configured (ensure uninstalls it)")
@@ -124,7 +137,21 @@ def render(found: Status, held: LockInfo) -> str:
     return "\n".join(lines)
 
 
+def _when(failure: Failure) -> str:
+    times = "once" if failure.failures == 1 else f"{failure.failures} times"
+    due = (f"next try after {iso(failure.retry_at)}" if failure.backing_off
+           else "retried at the next start")
+    return f"{times}; {due}"
+
+
+def _last_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    return lines[-1].strip() if lines else text
+
+
 def _next(found: Status) -> str:
+    if found.rebuild is not None and found.rebuild.backing_off:
+        return "ensure --retry` after fixing what made the rebuild fail"
     if any(s.state == "failed" for s in found.skills):
         return "repair` after fixing the failed skills, or `kernel-bootstrap ensure"
     return "ensure"

@@ -21,6 +21,7 @@ from bootstrap.engine.status import Status, status
 from bootstrap.env import ready_check
 from bootstrap.env.identity import identity_of, runtime_inputs
 from bootstrap.env.marker import RuntimeRecord, SkillRecord, base_marker, write_marker
+from bootstrap.env.network import Network
 from bootstrap.env.requirements import validate_requirements
 from bootstrap.env.uv import Uv, make_uv
 from bootstrap.env.venv import (
@@ -28,13 +29,15 @@ from bootstrap.env.venv import (
     interpreter,
     interrupted_rebuild,
     is_venv,
+    rebuild_record,
     recover,
     staging_path,
     swap_into_place,
 )
-from bootstrap.errors import BootstrapError, ConfigError, UvError
+from bootstrap.errors import EXIT_FAILED, BootstrapError, ConfigError, UvError
 from bootstrap.primitives import lock, log, process, progress
 from bootstrap.primitives.fs import remove_quietly, removed_on_failure
+from bootstrap.skills import backoff
 from bootstrap.skills.sync import Riders, build_ahead, cached_riders, sync_skills
 from bootstrap.trees.skillmd import SKILL_FILE
 
@@ -45,12 +48,14 @@ CHECK_TIMEOUT: Final = ready_check.TIMEOUT
 
 
 def ensure(config: Config, *, lock_timeout: float = 300.0, force: bool = False,
-           reinstall: frozenset[str] = frozenset(), why: tuple[str, ...] = ()) -> EnsureResult:
+           reinstall: frozenset[str] = frozenset(), retry: bool = False,
+           why: tuple[str, ...] = ()) -> EnsureResult:
     """Make ``config``'s environment ready and return its interpreter.
 
     ``force`` rebuilds the runtime even when it is current (``repair --force``, or a problem
     ``repair`` found, which ``why`` names for the log); ``reinstall`` names skills to reinstall
-    even if uv believes them installed (``repair`` of a damaged one).
+    even if uv believes them installed (``repair`` of a damaged one); ``retry`` retries every
+    failure now, backing off or not (``ensure --retry``, ``repair``).
     """
     if config.override_python is not None:
         from bootstrap.engine.override import ensure_override
@@ -60,10 +65,11 @@ def ensure(config: Config, *, lock_timeout: float = 300.0, force: bool = False,
     config_stamps = warm.input_stamps(_config_paths(config))
     venv_stamps = warm.stamps(_venv_paths(live))
     found = status(config)
-    if found.ready and not force and not reinstall:
-        _remember(config, live, config_stamps + venv_stamps)
-        return EnsureResult(found.python, config.venv, "ready")
+    if _nothing_due(found, force, reinstall, retry):
+        return _settled(config, live, found, config_stamps + venv_stamps)
     if force or not found.base_current:
+        backoff.refuse_rebuild(config, found.rebuild, config_stamps + venv_stamps,
+                               retry=force or retry)
         # Only a rebuild reads the requirements; a current runtime's were valid when it was
         # built (its identity covers them). Checked before the lock so nothing is created.
         validate_requirements(config)
@@ -78,18 +84,44 @@ def ensure(config: Config, *, lock_timeout: float = 300.0, force: bool = False,
         # Another process may have finished this while we waited for the lock.
         venv_stamps = warm.stamps(_venv_paths(live))
         found = status(config)
-        if found.ready and not force and not reinstall:
-            _remember(config, live, config_stamps + venv_stamps)
-            return EnsureResult(found.python, config.venv, "ready")
-        return _make_ready(config, live, found, force, reinstall, config_stamps,
+        if _nothing_due(found, force, reinstall, retry):
+            return _settled(config, live, found, config_stamps + venv_stamps)
+        if not found.base_current:
+            backoff.refuse_rebuild(config, found.rebuild, [], retry=force or retry)
+        return _make_ready(config, live, found, (force, reinstall, retry), config_stamps,
                            with_skills=not cut_short, why=why)
 
 
-def _make_ready(config: Config, live: Venv, found: Status, force: bool,
-                reinstall: frozenset[str], config_stamps: list[tuple[str, str]], *,
-                with_skills: bool, why: tuple[str, ...] = ()) -> EnsureResult:
-    """Under the lock: sync the skills, after a rebuild (or restore) if the runtime needs one."""
-    uv = make_uv(config.constraints, config.uv_args)
+def _nothing_due(found: Status, force: bool, reinstall: frozenset[str], retry: bool) -> bool:
+    """Ready, or ready but for failed skills backing off (and no retry asked for)."""
+    return (found.settled and not force and not reinstall
+            and not (retry and any(s.state == "failed" for s in found.skills)))
+
+
+def _settled(config: Config, live: Venv, found: Status,
+             stamped: list[tuple[str, str]]) -> EnsureResult:
+    """The answer when nothing is due: each failure backing off is warned about and reported."""
+    _remember(config, live, stamped, found)
+    failed = {}
+    for skill in found.backed_off:
+        assert skill.failure is not None
+        backoff.warn_backed_off(skill.name, skill.failure)
+        failed[skill.name] = skill.failure.error
+    return EnsureResult(found.python, config.venv, "ready", failed=failed)
+
+
+def _make_ready(config: Config, live: Venv, found: Status,
+                asked: tuple[bool, frozenset[str], bool], config_stamps: list[tuple[str, str]],
+                *, with_skills: bool, why: tuple[str, ...] = ()) -> EnsureResult:
+    """Under the lock: sync the skills, after a rebuild (or restore) if the runtime needs one.
+
+    ``asked``: ``force``, ``reinstall`` and ``retry`` as :func:`ensure` took them."""
+    force, reinstall, retry = asked
+    # Only here, on the cold path, is the network asked about, and only the first uv call
+    # that needs an index waits for the answer.
+    network = Network(config.offline, config.uv_args)
+    network.start()
+    uv = make_uv(config.constraints, config.uv_args, network)
     skills_step = 1 if (found.pending or reinstall or found.stray) else 0
     snapshots: restore.Plan | None = None
     restored = False
@@ -105,18 +137,43 @@ def _make_ready(config: Config, live: Venv, found: Status, force: bool,
         progress.start(2 + bool(config.requirements or config.lock) + skills_step)
         snapshots = _snapshot_plan(config, uv)
         action = "rebuild"
-        runtime, restored, rode = rebuild(config, uv, snapshots, with_skills=with_skills)
-    outcome = sync_skills(config, uv, runtime, reinstall)
+        runtime, restored, rode = _rebuild_noted(config, uv, snapshots, with_skills,
+                                                 config_stamps)
+    outcome = sync_skills(config, uv, runtime, reinstall, retry=retry)
     outcome.installed[:0] = [n for n in rode if n not in outcome.installed]
     progress.finish("ready" if not outcome.failed
                     else f"ready; {len(outcome.failed)} skill(s) failed")
     if action == "rebuild" and snapshots and not restored and not outcome.failed:
         snapshots.save(config.venv)
-    if not outcome.failed:
-        # Under the lock nobody else changes the venv: these stamps are of our final write.
-        _remember(config, live, config_stamps + warm.stamps(_venv_paths(live)))
+    # Under the lock nobody else changes the venv: these stamps are of our final write. With
+    # failures, the start is warm only while each of them backs off.
+    after = None if not outcome.failed else status(config)
+    if after is None or after.settled:
+        _remember(config, live, config_stamps + warm.stamps(_venv_paths(live)), after)
     return EnsureResult(live.python, config.venv, action,
                         tuple(outcome.installed), outcome.failed, tuple(outcome.removed))
+
+
+def _rebuild_noted(config: Config, uv: Uv, snapshots: restore.Plan | None,
+                   with_skills: bool,
+                   config_stamps: list[tuple[str, str]]) -> tuple[RuntimeRecord, bool, list[str]]:
+    """:func:`rebuild`, its failure recorded so that the next starts back off (a usage error
+    is not recorded: it is fixed by editing the config, which retries anyway)."""
+    try:
+        built = rebuild(config, uv, snapshots, with_skills=with_skills)
+    except (BootstrapError, OSError) as e:
+        if not isinstance(e, BootstrapError) or e.exit_code == EXIT_FAILED:
+            failure = backoff.note_rebuild_failure(config, str(e))
+            if failure is not None and failure.backing_off:
+                log.info("the rebuild failed again; the next starts do not retry it before "
+                         "retry_at", retry_at=backoff.iso(failure.retry_at),
+                         failures=failure.failures)
+                # The venv is as it was, but for the record: the next start answers warm.
+                stamped = config_stamps + warm.stamps(_venv_paths(Venv.at(config.venv)))
+                backoff.remember_refusal(config, failure, stamped)
+        raise
+    backoff.clear_rebuild_failure(config.venv)
+    return built
 
 
 # The lock file and snapshot modules (with tarfile and tempfile, ~25 ms to import together) are
@@ -152,12 +209,19 @@ def _config_paths(config: Config) -> list[str]:
 
 
 def _venv_paths(venv: Venv) -> list[str]:
-    return [str(venv.cfg), str(venv.marker), str(venv.python)]
+    return [str(venv.cfg), str(venv.marker), str(venv.python), str(rebuild_record(venv.path))]
 
 
-def _remember(config: Config, venv: Venv, stamped: list[tuple[str, str]]) -> None:
-    if config.path is not None:
-        warm.save(str(config.path), str(venv.path), str(venv.python), stamped)
+def _remember(config: Config, venv: Venv, stamped: list[tuple[str, str]],
+              found: Status | None = None) -> None:
+    """Save the warm fingerprint; with failures backing off (``found``), it records them and
+    holds only until the first of them is due."""
+    if config.path is None:
+        return
+    failures = [(s.name, s.failure) for s in (found.backed_off if found else []) if s.failure]
+    failed = tuple((name, f.failures, backoff.iso(f.retry_at), f.error) for name, f in failures)
+    until = min((f.retry_at for _, f in failures), default=None)
+    warm.save(str(config.path), str(venv.path), str(venv.python), stamped, failed, until)
 
 
 def _say_why_rebuild(found: Status, force: bool, asked: tuple[str, ...]) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from bootstrap.config import Config
 from bootstrap.env import pins
+from bootstrap.env.network import Network
 from bootstrap.env.probe import probe
 from bootstrap.env.requirements import canonical, requirement_name
 from bootstrap.env.uv import make_uv
@@ -92,7 +93,8 @@ def repair(config: Config, skill_projects: Iterable[str], lock_timeout: float) -
         found = inspect(config, python, skill_projects) if python.exists() else None
         if found is None or found.exact:
             return []
-        uv = make_uv(config.constraints, config.uv_args)
+        uv = make_uv(config.constraints, config.uv_args,
+                     Network(config.offline, config.uv_args))
         done: list[str] = []
         try:
             if found.extra:

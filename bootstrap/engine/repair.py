@@ -157,8 +157,9 @@ def _repair_override(config: Config) -> RepairReport:
 def _fix(config: Config, found: Findings, *, force: bool, why: tuple[str, ...],
          lock_timeout: float) -> list[str]:
     try:
+        # A repair retries every failure now, whether or not it is backing off.
         result = ensure(config, lock_timeout=lock_timeout, force=force,
-                        reinstall=frozenset(found.skills), why=why)
+                        reinstall=frozenset(found.skills), why=why, retry=True)
     except ProcessError as e:
         # A failed rebuild kept the old venv (it is staged); say what failed and let the
         # second inspection report what is still wrong.

@@ -18,9 +18,11 @@ from bootstrap.config import Config, Skill
 from bootstrap.env.identity import describe_change, identity_of, runtime_inputs
 from bootstrap.env.marker import MarkerRead, read_marker
 from bootstrap.env.venv import Venv
+from bootstrap.skills.backoff import Failure, from_record, rebuild_failure
 from bootstrap.skills.python_skill import pyproject_state
 
-RuntimeState = Literal["current", "stale", "missing"]
+# "failed": not current, and the last rebuild of the runtime the config asks for failed.
+RuntimeState = Literal["current", "stale", "missing", "failed"]
 SkillState = Literal["installed", "pending", "stale", "failed"]
 
 
@@ -30,6 +32,12 @@ class SkillStatus:
     python: bool
     state: SkillState
     error: str | None = None
+    failure: Failure | None = None  # state "failed": its count and when it may be retried
+
+    @property
+    def backing_off(self) -> bool:
+        """Failed with the inputs it has now, and not due for a retry yet."""
+        return self.failure is not None and self.failure.backing_off
 
 
 @dataclass(frozen=True)
@@ -41,6 +49,17 @@ class Status:
     why: list[str] = field(default_factory=list)
     skills: tuple[SkillStatus, ...] = ()
     stray: tuple[str, ...] = ()  # recorded in the marker, no longer configured
+    rebuild: Failure | None = None  # runtime "failed": the recorded failure
+
+    @property
+    def settled(self) -> bool:
+        """Nothing to do now: ready, but for skills whose failures are backing off."""
+        return (self.base_current and not self.stray
+                and all(s.state == "installed" or s.backing_off for s in self.skills))
+
+    @property
+    def backed_off(self) -> list[SkillStatus]:
+        return [s for s in self.skills if s.backing_off]
 
     @property
     def base_current(self) -> bool:
@@ -60,6 +79,9 @@ def status(config: Config) -> Status:
     venv = Venv.at(config.venv)
     marker = read_marker(venv.path)
     runtime, why = _runtime_state(config, marker, venv)
+    rebuild = rebuild_failure(config) if runtime != "current" else None
+    if rebuild is not None:
+        runtime = "failed"
     recorded: dict[str, Any] = marker.data["skills"] if marker.data else {}
     failed: dict[str, Any] = marker.data["failed"] if marker.data else {}
     # One stat per skill says whether it is a Python skill and, usually, its hash too.
@@ -68,7 +90,7 @@ def status(config: Config) -> Status:
                    for s, is_python, digest in found)
     python_names = {s.name for s, is_python, _ in found if is_python}
     stray = tuple(sorted(n for n in recorded if n not in python_names))
-    return Status(venv.path, venv.python, marker, runtime, why, skills, stray)
+    return Status(venv.path, venv.python, marker, runtime, why, skills, stray, rebuild)
 
 
 def _pyproject_state(skill: Skill) -> tuple[bool, str]:
@@ -107,7 +129,7 @@ def _skill_status(skill: Skill, is_python: bool, digest: str, recorded: dict[str
         return SkillStatus(name, True, "installed")
     failure = failed.get(name)
     if failure and failure["path"] == path and failure["pyproject"] == digest:
-        return SkillStatus(name, True, "failed", failure["error"])
+        return SkillStatus(name, True, "failed", failure["error"], from_record(failure))
     if record:
         return SkillStatus(name, True, "stale")
     return SkillStatus(name, True, "pending")

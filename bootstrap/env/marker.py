@@ -38,6 +38,11 @@ class FailedRecord(TypedDict):
     path: str
     pyproject: str
     error: str
+    # How many times in a row it failed with this path and pyproject, and when it may be tried
+    # again (bootstrap.skills.backoff). Optional, so the markers written before them stay readable
+    # (such a failure counts once and is due), and older readers ignore them.
+    failures: NotRequired[int]
+    retry_at: NotRequired[float]
 
 
 class RuntimeRecord(TypedDict):

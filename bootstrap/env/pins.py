@@ -26,6 +26,7 @@ from typing import Final, Literal
 
 from bootstrap.config import Config, default_python
 from bootstrap.env.identity import file_digest, normalise_requirement
+from bootstrap.env.network import Network
 from bootstrap.env.requirements import canonical, validate_requirements
 from bootstrap.env.uv import Uv, environment, make_uv
 from bootstrap.errors import ConfigError, UvError
@@ -216,8 +217,11 @@ def install_locked(uv: Uv, python: Path, lock: Path) -> None:
     log.info("installing the pinned runtime", lock=str(lock))
     # Without the constraints file: its resolution is in the pins already, and uv refuses
     # unpinned constraint lines when hashes are required.
-    uv.run("pip", "install", "--python", python, *uv.build_args, *install_args(lock),
-           what=f"uv could not install the pins of {lock} (the live venv, if any, is unchanged)")
+    # Offline first: the pins and hashes are exact, so a cached artifact is the one the index
+    # would serve, and asking the index for each of them cost 0.8 s where the cache took 0.12.
+    uv.cached_first("pip", "install", "--python", python, *uv.build_args, *install_args(lock),
+                    what=f"uv could not install the pins of {lock} (the live venv, if any, "
+                         "is unchanged)")
 
 
 def _configured(config: Config) -> Path:
@@ -234,7 +238,7 @@ def write(config: Config, *, upgrade: bool = False) -> LockResult:
 
     lock = _configured(config)
     validate_requirements(config)
-    uv = make_uv(config.constraints, config.uv_args)
+    uv = make_uv(config.constraints, config.uv_args, Network(config.offline, config.uv_args))
     target = resolution_of(config, uv)
     digest = inputs_digest(config, target)
     if not upgrade and state(config, target) == "current":
@@ -273,6 +277,7 @@ def _compile(config: Config, uv: Uv, lock: Path, upgrade: bool) -> str:
             args += ["--constraints", str(config.constraints)]
         if upgrade:
             args.append("--upgrade")
+        args += uv.network.args(config.uv_args)
         process.run(uv.exe, *args, *resolution_args(config.uv_args), _SOURCE, cwd=scratch,
                     env=environment(), error=UvError,
                     what=f"uv could not resolve the requirements into {lock}")

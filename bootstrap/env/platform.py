@@ -70,5 +70,5 @@ def _is_executable(request: str) -> bool:
 
 def _find_python(uv: Uv, request: str) -> Path:
     found = uv.run("python", "find", "--system", request,
-                   what=f"uv found no interpreter for {request!r}")
+                   what=f"uv found no interpreter for {request!r}", index=False)
     return Path(found.stdout.strip().splitlines()[-1])

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from bootstrap.env.network import ONLINE, Network
 from bootstrap.errors import BootstrapError, UvError
 from bootstrap.primitives import log, process
 
@@ -61,17 +62,43 @@ class Uv:
     # The user's uv arguments alone (index settings), without the runtime's constraints: for
     # build environments, which uv itself never constrains with --constraint either.
     build_args: tuple[str, ...] = ()
+    # Whether uv may contact an index (bootstrap.env.network): asked by the calls that would.
+    network: Network = ONLINE
 
-    def run(self, *args: str | Path, what: str, cwd: Path | None = None) -> process.Result:
-        log.debug("uv", argv=[str(a) for a in args])
-        return process.run(self.exe, *args, env=environment(), what=what, error=UvError,
+    def run(self, *args: str | Path, what: str, index: bool = True,
+            cwd: Path | None = None) -> process.Result:
+        """``uv ARGS``; ``index``: the call may need an index, so it is made ``--offline``
+        when the session is (a call that never needs one is, only when configured so)."""
+        argv, what = self._offline(args, what, index)
+        log.debug("uv", argv=[str(a) for a in argv])
+        return process.run(self.exe, *argv, env=environment(), what=what, error=UvError,
                            cwd=cwd)
+
+    def _offline(self, args: Sequence[str | Path], what: str,
+                 index: bool) -> tuple[list[str | Path], str]:
+        if not (self.network.offline if index else self.network.configured):
+            return list(args), what
+        return [*args, *_once(args)], f"{what} (offline: nothing it lacks is in the cache)"
+
+    def cached_first(self, *args: str | Path, what: str) -> process.Result:
+        """``uv ARGS`` from the caches alone first, then, if they lack something and the
+        session is not offline, from the index: for exact pins (a lock) and build
+        requirements, any cached artifact that fits is the one the index would give."""
+        if self.network.offline:
+            return self.run(*args, what=what)
+        try:
+            return self.run(*args, *_once(args), what=what, index=False)
+        except UvError as e:
+            if self.network.offline:  # the check found no network: the index cannot help
+                raise
+            log.debug("the caches lack something; asking the index", error=e.tail)
+        return self.run(*args, what=what)
 
     def create_venv(self, path: Path, python: str) -> None:
         # --relocatable: the venv is built beside the live one and renamed into place, so its
         # scripts must not embed the staging path.
         self.run("venv", "--quiet", "--relocatable", "--python", python, path,
-                 what=f"uv could not create the venv at {path}")
+                 what=f"uv could not create the venv at {path}", index=False)
 
     def install(self, python: Path, args: Sequence[str | Path], what: str,
                 cwd: Path | None = None) -> process.Result:
@@ -81,7 +108,7 @@ class Uv:
     def installing(self, python: Path, args: Sequence[str | Path],
                    what: str) -> contextlib.AbstractContextManager[None]:
         """:meth:`install` in the background, while the block runs (see process.background)."""
-        argv = self._install(python, args)
+        argv, what = self._offline(self._install(python, args), what, True)
         log.debug("uv", argv=[str(a) for a in argv])
         return process.background(self.exe, *argv, env=environment(), what=what,
                                   error=UvError)
@@ -91,11 +118,17 @@ class Uv:
 
     def uninstall(self, python: Path, projects: Sequence[str]) -> None:
         self.run("pip", "uninstall", "--python", python, *projects,
-                 what=f"uv could not uninstall {', '.join(projects)}")
+                 what=f"uv could not uninstall {', '.join(projects)}", index=False)
 
 
-def make_uv(constraints: Path | None, uv_args: Sequence[str]) -> Uv:
+def _once(args: Sequence[str | Path]) -> tuple[str, ...]:
+    """``--offline``, unless ``args`` has it already (from uv-args): uv refuses it twice."""
+    return () if "--offline" in args else ("--offline",)
+
+
+def make_uv(constraints: Path | None, uv_args: Sequence[str],
+            network: Network = ONLINE) -> Uv:
     args: list[str] = []
     if constraints is not None:
         args += ["--constraint", str(constraints)]
-    return Uv(find_uv(), (*args, *uv_args), tuple(uv_args))
+    return Uv(find_uv(), (*args, *uv_args), tuple(uv_args), network)

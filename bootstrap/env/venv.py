@@ -99,11 +99,19 @@ def _journal(live: Path) -> Path:
     return live.with_name(f".{live.name}.swap")
 
 
+def rebuild_record(live: Path) -> Path:
+    """Where the last failed rebuild is recorded (skills/backoff.py): beside the venv, which a
+    failed rebuild leaves as it was."""
+    return live.with_name(live.name + ".rebuild-failed")
+
+
 def leftovers(live: Path) -> list[Path]:
     """What interrupted writers of this venv leave behind (any owner): staging, retired and
-    scratch trees beside it, and temp files of the swap journal and of the marker."""
+    scratch trees beside it, and temp files of the swap journal, of the failed rebuild's
+    record and of the marker."""
     prefixes = (f".{live.name}.{_STAGE}-", f".{live.name}.{_RETIRED}-",
-                f".{live.name}.{_WORK}-", f".{_journal(live).name}.tmp-")
+                f".{live.name}.{_WORK}-", f".{_journal(live).name}.tmp-",
+                f".{rebuild_record(live).name}.tmp-")
     found = [live.parent / n for n in _names(live.parent) if n.startswith(prefixes)]
     found += [live / n for n in _names(live) if n.startswith(f".{MARKER_NAME}.tmp-")]
     return sorted(found)

@@ -192,14 +192,15 @@ def _build_group(backend: str, requires: tuple[str, ...], members: list[PythonSk
     # The venv's base interpreter (its bin/python links to it): uv has that one's description
     # cached from creating the venv, while asking about the link costs a child (~50 ms).
     uv.run("venv", "--quiet", "--python", os.path.realpath(python), env.path,
-           what="uv could not create a build environment")
+           what="uv could not create a build environment", index=False)
     install = ["pip", "install", "--quiet", "--python", str(env.python), *uv.build_args]
     if requires:
-        uv.run(*install, *requires,
-               what=f"uv could not install the build requirements {', '.join(requires)}")
+        # Offline first: any cached backend that satisfies build-system.requires will do.
+        uv.cached_first(*install, *requires,
+                        what=f"uv could not install the build requirements {', '.join(requires)}")
     request = {
         "backend": backend,
-        "install": [str(uv.exe), *install],
+        "install": [str(uv.exe), *install, *uv.network.args(install)],
         "skills": [_item(s, workdir, publish) for s in members],
         "results": str(workdir / "results.json"),
     }

@@ -48,7 +48,7 @@ from bootstrap.errors import BootstrapError, UvError
 from bootstrap.primitives import log, progress
 from bootstrap.primitives.atomic import DiskError
 from bootstrap.primitives.fs import removed_on_exit
-from bootstrap.skills import builds, workdirs
+from bootstrap.skills import backoff, builds, workdirs
 from bootstrap.skills.python_skill import (
     PythonSkill,
     dependency_order,
@@ -74,6 +74,9 @@ class _Sync:
     skills: dict[str, PythonSkill]
     reinstall: frozenset[str] = frozenset()
     outcome: SyncOutcome = field(default_factory=SyncOutcome)
+    # The failures recorded when the sync began: a skill failing again with the same inputs
+    # backs off longer (bootstrap.skills.backoff).
+    earlier: dict[str, FailedRecord] = field(default_factory=dict)
 
     @cached_property
     def python(self) -> Path:
@@ -91,12 +94,19 @@ class _Sync:
         self.outcome.installed += [s.name for s in group if s.name not in self.outcome.installed]
 
     def fail(self, skill: PythonSkill, error: str) -> None:
+        previous = backoff.failure_of(skill, self.earlier)
+        failure = backoff.after(previous, error)
         log.warning("skill failed to install", skill=skill.name, path=str(skill.skill.path),
-                    error=error, hint="fix the skill and run `kernel-bootstrap ensure` again (or "
-                         "`kernel-bootstrap repair` to verify the whole venv)")
-        failure: FailedRecord = {"path": str(skill.skill.path), "pyproject": skill.hash,
-                                 "error": error}
-        self.record(SkillChanges(failed={skill.name: failure}))
+                    error=error, failures=failure.failures,
+                    retry_at=backoff.iso(failure.retry_at),
+                    hint="fix the skill and run `kernel-bootstrap ensure` again (a change to "
+                         "its pyproject.toml retries it at once; a repeated failure waits until "
+                         "retry_at, unless `kernel-bootstrap ensure --retry` or "
+                         "`kernel-bootstrap repair`)")
+        record: FailedRecord = {"path": str(skill.skill.path), "pyproject": skill.hash,
+                                "error": error, "failures": failure.failures,
+                                "retry_at": failure.retry_at}
+        self.record(SkillChanges(failed={skill.name: record}))
         self.outcome.failed[skill.name] = error
 
     def install(self, group: Sequence[PythonSkill], what: str) -> None:
@@ -217,18 +227,26 @@ def _record_of(skill: PythonSkill) -> SkillRecord:
 
 
 def sync_skills(config: Config, uv: Uv, runtime: RuntimeRecord,
-                reinstall: frozenset[str] = frozenset()) -> SyncOutcome:
+                reinstall: frozenset[str] = frozenset(), *, retry: bool = False) -> SyncOutcome:
     """Bring the venv's skills in line with the config; end with an authoritative marker.
 
-    ``reinstall`` names skills to install again even though they are recorded.
+    ``reinstall`` names skills to install again even though they are recorded. A skill whose
+    failure is backing off is left alone (and reported as failed) unless ``retry``.
     """
-    sync = _Sync(config, uv, runtime,
-                 {s.name: load_python_skill(s) for s in config.python_skills}, reinstall)
     marker = read_marker(config.venv).data
+    sync = _Sync(config, uv, runtime,
+                 {s.name: load_python_skill(s) for s in config.python_skills}, reinstall,
+                 earlier=dict(marker["failed"]) if marker else {})
     recorded = marker["skills"] if marker else {}
     _remove_unconfigured(sync, recorded)
     pending = [s for s in sync.skills.values()
                if s.name in reinstall or not _is_recorded(s, recorded)]
+    if not retry:
+        held = backoff.held_back(pending, sync.earlier, reinstall, sync.by_project)
+        for name, failure in held.items():
+            backoff.warn_backed_off(name, failure)
+            sync.outcome.failed[name] = failure.error
+        pending = [s for s in pending if s.name not in held]
     for skill in [s for s in pending if s.problem]:
         sync.fail(skill, skill.problem)
     pending = [s for s in pending if not s.problem]
