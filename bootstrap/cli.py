@@ -61,7 +61,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2  # EXIT_USAGE, spelled out to keep bootstrap.errors off the warm path
     log.configure(verbosity=args.verbose - args.quiet, fmt=args.log_format)
     from bootstrap.errors import EXIT_FAILED, BootstrapError
+    from bootstrap.signals import Terminated, handle_termination
 
+    handle_termination()
     try:
         return _run(args)
     except BootstrapError as e:
@@ -70,6 +72,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Terminated as e:
+        print(str(e), file=sys.stderr)
+        return e.exit_code
     except OSError as e:
         # An unexpected I/O failure (disk full, permission) is still the user's environment,
         # not our bug: one clear line, no traceback.

@@ -6,17 +6,35 @@ while we work (``tar -x`` fed a vetted snapshot); :func:`feed` is the asyncio fo
 for ``push``, where several runtimes stream at once. All of them give the child a cleaned
 environment (see :func:`child_env`) and turn a failure into a
 :class:`~bootstrap.errors.ProcessError` naming the command and the tail of its stderr.
+
+No child of ours may outlive the step that started it, or write into the venv after the lock
+that guarded it is free (a SIGTERMed ``ensure`` used to leave uv and its build backend writing
+into the live venv while the next session held the lock). So every child that :func:`run`,
+:func:`background` and :func:`streaming` start:
+
+- leads a process group of its own: stopping a child (an error, ^C, SIGTERM) kills the whole
+  group, uv's build backends included, and waits until it is gone; a group left behind by a
+  child that exited is killed too;
+- on Linux, is killed by the kernel when we die, even by SIGKILL (``PR_SET_PDEATHSIG``);
+- inherits a descriptor of every lock we hold (:func:`inherited`): an flock belongs to the open
+  file, so the kernel frees it only when the last process holding it has exited. Whatever
+  survives us (a grandchild) keeps the next session waiting instead of working beside it.
+
+:func:`feed` (``push``, not under the venv's lock) keeps asyncio's own start and stop.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
+import sys
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Final, NoReturn
+from typing import IO, TYPE_CHECKING, Any, Final, NoReturn
 
 from bootstrap.errors import BootstrapError, ProcessError
 
@@ -32,6 +50,12 @@ if TYPE_CHECKING:  # asyncio costs ~35 ms: only push pays for it, inside feed()
 _REMOVED_VARS = ("VIRTUAL_ENV", "CONDA_PREFIX", "PYTHONHOME", "PYTHONPATH", "__PYVENV_LAUNCHER__")
 _TAIL_LIMIT: Final = 64 * 1024  # stderr kept from a streamed child: a chatty one cannot grow us
 _DRAIN_TIMEOUT: Final = 30.0  # after an aborted stream, how long the child gets to clean up
+_GROUP_GONE_TIMEOUT: Final = 5.0  # how long a SIGKILLed group may take to leave the process table
+_POSIX: Final = sys.platform != "win32"
+_PR_SET_PDEATHSIG: Final = 1  # <linux/prctl.h>
+# Descriptors every child inherits (see inherited); duplicates owned by this module.
+_inherited: list[int] = []
+_prctl: Any = None  # libc's prctl, looked up once (ctypes costs ~6 ms: only Linux children pay)
 
 
 @dataclass(frozen=True)
@@ -67,25 +91,24 @@ def run(
     """
     argv = tuple(str(c) for c in cmd)
     try:
-        proc = subprocess.run(
-            argv,
-            stdin=stdin if stdin is not None else subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            errors="replace",
-            env=dict(env) if env is not None else child_env(),
-            cwd=cwd,
-            timeout=timeout,
-            check=False,
-        )
+        proc = _popen(argv, stdin=stdin if stdin is not None else subprocess.DEVNULL,
+                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                      errors="replace", env=dict(env) if env is not None else child_env(),
+                      cwd=cwd)
     except OSError as e:
         _not_started(argv, e, what, error)
-    except subprocess.TimeoutExpired as e:
-        stderr = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else ""
-        raise error(argv, -9, stderr + f"\ntimed out after {timeout} s", what) from e
-    result = Result(proc.returncode, proc.stdout, proc.stderr)
+    with _stopped_if_raised(proc):
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _stop_group(proc)
+            _, stderr = proc.communicate()
+            raise error(argv, -9, (stderr or "") + f"\ntimed out after {timeout} s",
+                        what) from None
+    _end_group(proc.pid)
+    result = Result(proc.returncode, stdout, stderr)
     if check and proc.returncode != 0:
-        raise error(argv, proc.returncode, proc.stderr, what)
+        raise error(argv, proc.returncode, stderr, what)
     return result
 
 
@@ -114,9 +137,10 @@ def background(*cmd: str | Path, env: Mapping[str, str] | None = None, what: str
     with tempfile.TemporaryFile() as err:
         proc = _started(argv, subprocess.DEVNULL, err,
                         dict(env) if env is not None else child_env(), what, error)
-        with _killed_if_raised(proc):
+        # The wait is inside the guard too: a SIGTERM while we wait must stop the child.
+        with _stopped_if_raised(proc):
             yield
-        _raise_if_failed(proc, err, argv, what, error)
+            _raise_if_failed(proc, err, argv, what, error)
 
 
 @contextlib.contextmanager
@@ -132,39 +156,121 @@ def streaming(*cmd: str | Path, what: str) -> Iterator[IO[bytes]]:
     with tempfile.TemporaryFile() as err:
         proc = _started(argv, subprocess.PIPE, err, child_env(), what, ProcessError)
         assert proc.stdin is not None, "BUG: a pipe was requested"
-        with _killed_if_raised(proc), contextlib.suppress(BrokenPipeError):
-            try:
-                yield proc.stdin
-            finally:
-                proc.stdin.close()
-        _raise_if_failed(proc, err, argv, what, ProcessError)
+        with _stopped_if_raised(proc):
+            with contextlib.suppress(BrokenPipeError):
+                try:
+                    yield proc.stdin
+                finally:
+                    proc.stdin.close()
+            _raise_if_failed(proc, err, argv, what, ProcessError)
 
 
 def _started(argv: tuple[str, ...], stdin: int, err: IO[bytes], env: dict[str, str], what: str,
              error: type[ProcessError]) -> subprocess.Popen[bytes]:
     """``argv`` started with its stderr to the file ``err`` and its stdout discarded."""
     try:
-        return subprocess.Popen(argv, stdin=stdin, stdout=subprocess.DEVNULL, stderr=err,
-                                env=env)
+        proc: subprocess.Popen[bytes] = _popen(argv, stdin=stdin, stdout=subprocess.DEVNULL,
+                                               stderr=err, env=env)
     except OSError as e:
         _not_started(argv, e, what, error)
+    return proc
+
+
+def _popen(argv: Sequence[str], **options: Any) -> subprocess.Popen[Any]:
+    """Every child's start: a group of its own, our death its death, our locks its locks."""
+    if not _POSIX:
+        return subprocess.Popen(argv, **options)
+    return subprocess.Popen(argv, process_group=0, pass_fds=tuple(_inherited),
+                            preexec_fn=_dies_with_us(), **options)
+
+
+def _dies_with_us() -> Any:
+    """A preexec function asking the kernel to SIGKILL the child when we die (Linux only).
+
+    What the sandbox kills is our process group, and the child now leads another one: without
+    this, a SIGKILLed ``ensure`` left its uv running. (It costs subprocess its vfork fast path,
+    ~1 ms a child; children start only on the slow path.)
+    """
+    global _prctl
+    if sys.platform != "linux":
+        return None
+    if _prctl is None:
+        import ctypes
+
+        _prctl = ctypes.CDLL(None, use_errno=True).prctl
+    prctl, parent, kill = _prctl, os.getpid(), int(signal.SIGKILL)
+
+    def preexec() -> None:  # runs in the forked child: no imports, no locks
+        prctl(_PR_SET_PDEATHSIG, kill)
+        if os.getppid() != parent:  # we died before the request landed: nobody would tell it
+            os._exit(1)
+
+    return preexec
 
 
 @contextlib.contextmanager
-def _killed_if_raised(proc: subprocess.Popen[bytes]) -> Iterator[None]:
-    """Kill and reap ``proc`` if the block raises: what it was doing is no longer wanted."""
+def inherited(fd: int) -> Iterator[None]:
+    """While the block runs, every child started inherits a duplicate of ``fd``.
+
+    ``lock.hold`` passes its lock's descriptor: the lock then lasts as long as the last process
+    that could write under it. A duplicate, not ``fd`` itself: filelock closes its own
+    descriptors in a child that runs Python after the fork (our preexec function does).
+    """
+    dup = os.dup(fd)  # not inheritable: only children given it in pass_fds get it
+    _inherited.append(dup)
+    try:
+        yield
+    finally:
+        _inherited.remove(dup)
+        os.close(dup)
+
+
+@contextlib.contextmanager
+def _stopped_if_raised(proc: subprocess.Popen[Any]) -> Iterator[None]:
+    """Stop ``proc`` and its group if the block raises: what it was doing is no longer wanted."""
     try:
         yield
     except BaseException:
-        proc.kill()
-        proc.wait()
+        _stop_group(proc)
         raise
+
+
+def _stop_group(proc: subprocess.Popen[Any]) -> None:
+    """SIGKILL ``proc``'s whole group (uv and its build backends), reap it, and wait until the
+    group is gone: only then may the caller release the lock the group worked under."""
+    if _POSIX:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    else:
+        proc.kill()
+    proc.wait()
+    _end_group(proc.pid)
+
+
+def _end_group(pgid: int) -> None:
+    """Kill what is left of a finished child's group (a backend it left behind, which would
+    hold our lock), then wait, bounded, for the group to leave the process table."""
+    if not _POSIX:
+        return
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        return  # the usual case: the group ended with its leader
+    deadline = time.monotonic() + _GROUP_GONE_TIMEOUT
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return
+        time.sleep(0.005)
 
 
 def _raise_if_failed(proc: subprocess.Popen[bytes], err: IO[bytes], argv: Sequence[str],
                      what: str, error: type[ProcessError]) -> None:
     """Wait for ``proc``; if it failed, raise ``error`` with the tail of its stderr file."""
-    if proc.wait() != 0:
+    proc.wait()
+    _end_group(proc.pid)
+    if proc.returncode != 0:
         size = err.seek(0, os.SEEK_END)  # the child wrote through its own copy of the fd
         err.seek(max(0, size - _TAIL_LIMIT))
         raise error(tuple(argv), proc.returncode, err.read().decode(errors="replace"), what)
