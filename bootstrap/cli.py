@@ -94,7 +94,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def _dispatch(args: argparse.Namespace) -> int:
     # Split as the parsers are: the commands about the managed venv, then the rest.
-    if args.command in ("ensure", "status", "repair", "lock", "gc", "init"):
+    if args.command in ("ensure", "run", "status", "repair", "lock", "gc", "init"):
         return _dispatch_environment(args)
     return _dispatch_trees(args)
 
@@ -106,6 +106,10 @@ def _dispatch_environment(args: argparse.Namespace) -> int:
 
         return ensure(args.config, as_json=args.json, strict=args.strict,
                       lock_timeout=args.lock_timeout)
+    if cmd == "run":
+        from bootstrap.commands.run import run
+
+        return run(args.config, strict=args.strict, python_args=args.python_args)
     if cmd == "status":
         from bootstrap.commands.status import status
 
@@ -146,7 +150,8 @@ def _dispatch_trees(args: argparse.Namespace) -> int:
         from bootstrap.commands.kernelspec import install
 
         return install(args.config, name=args.name, display_name=args.display_name,
-                       user=args.user, prefix=args.prefix, as_json=args.json)
+                       user=args.user, prefix=args.prefix, as_json=args.json,
+                       direct=args.direct)
     if cmd == "snapshot":
         from bootstrap.commands import snapshot
 

@@ -112,6 +112,25 @@ def run(
     return result
 
 
+def replace(python: Path, args: Sequence[str]) -> NoReturn:
+    """Become ``python ARGS`` (``os.execv``): no process of ours stays around, and the pid the
+    caller started (Jupyter signals and waits for it) is the interpreter's.
+
+    Signals we catch are reset by the exec itself (SIGPIPE stays ignored, as the new
+    interpreter's own start would set it anyway). Open descriptors of ours are close-on-exec.
+    """
+    argv = [str(python), *args]
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:
+            stream.flush()
+    if "logging" in sys.modules:
+        sys.modules["logging"].shutdown()
+    try:
+        os.execv(argv[0], argv)
+    except OSError as e:
+        raise BootstrapError(f"cannot start {python}: {e.strerror or e}") from e
+
+
 def _not_started(argv: Sequence[str], e: OSError, what: str,
                  error: type[ProcessError] = ProcessError) -> NoReturn:
     """A command that could not start fails like one that ran: 127 not found, 126 otherwise."""

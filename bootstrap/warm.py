@@ -186,8 +186,11 @@ def parse_seconds(text: str) -> float | None:
 
 # Global options (before or after the subcommand) that change nothing a warm "ready" prints.
 _GLOBAL_FLAGS = ("-q", "-qq", "--quiet")
-_WITH_VALUE = ("--config", "--log-format", "--lock-timeout")
-_ENSURE_ONLY = ("--json", "--strict", "--lock-timeout")
+_GLOBAL_VALUES = ("--config", "--log-format")
+_ENSURE_ONLY = ("--json", "--strict")
+# `run --strict` is answered warm as `ensure --strict` is: a fingerprint is saved only after a
+# check that found every skill installed.
+_RUN_ONLY = ("--strict",)
 
 
 def parse_args(argv: list[str]) -> tuple[str | None, bool] | None:
@@ -199,15 +202,31 @@ def parse_args(argv: list[str]) -> tuple[str | None, bool] | None:
     SECONDS`` with a valid value. Anything else (``-v``, abbreviations, ``--lock-timeout abc``, a
     value that looks like an option) goes the long way, so it gets the full parser's answer.
     """
+    scanned = _scan(argv, "ensure", _ENSURE_ONLY, ("--lock-timeout",))
+    return None if scanned is None else (scanned[0], "--json" in scanned[1])
+
+
+def parse_run(argv: list[str]) -> tuple[str | None, list[str]] | None:
+    """(``--config`` value, PYTHON-ARGS) for the plain ``run [--strict] [-- PYTHON-ARGS...]``
+    forms (the global options as :func:`parse_args` takes them); None for anything else."""
+    cut = argv.index("--") if "--" in argv else len(argv)
+    scanned = _scan(argv[:cut], "run", _RUN_ONLY, ())
+    return None if scanned is None else (scanned[0], argv[cut + 1:])
+
+
+def _scan(argv: list[str], command: str, flags: tuple[str, ...],
+          valued: tuple[str, ...]) -> tuple[str | None, set[str]] | None:
+    """(``--config`` value, ``flags`` given) if ``argv`` is ``command`` with only those flags,
+    the options in ``valued`` (after it) and the global options; None for anything else."""
     config: str | None = None
-    as_json = False
+    given: set[str] = set()
     seen_command = False
     i = 0
     while i < len(argv):
         arg = argv[i]
-        if arg == "ensure" and not seen_command:
+        if arg == command and not seen_command:
             seen_command = True
-        elif arg in _WITH_VALUE:
+        elif arg in _GLOBAL_VALUES or arg in valued:
             value = argv[i + 1] if i + 1 < len(argv) else ""
             if not _valid(arg, value, seen_command):
                 return None
@@ -218,12 +237,12 @@ def parse_args(argv: list[str]) -> tuple[str | None, bool] | None:
             if not _valid(name, value, seen_command):
                 return None
             config = value if name == "--config" else config
-        elif arg in _ENSURE_ONLY and seen_command:
-            as_json = as_json or arg == "--json"
+        elif arg in flags and seen_command:
+            given.add(arg)
         elif arg not in _GLOBAL_FLAGS:
             return None
         i += 1
-    return (config, as_json) if seen_command else None
+    return (config, given) if seen_command else None
 
 
 def _valid(option: str, value: str, after_command: bool) -> bool:
@@ -237,13 +256,20 @@ def _valid(option: str, value: str, after_command: bool) -> bool:
 
 
 def try_cli(argv: list[str]) -> int | None:
-    """The whole warm ``kernel-bootstrap ensure``; None to fall through to the full CLI."""
+    """The whole warm ``kernel-bootstrap ensure`` (or ``run``, which execs the interpreter and
+    never returns); None to fall through to the full CLI."""
+    if os.environ.get("KERNEL_BOOTSTRAP_PYTHON"):
+        return None
+    if "run" in argv:
+        launch = parse_run(argv)
+        if launch is not None:
+            _try_exec(*launch)
+        return None
     parsed = parse_args(argv)
-    if parsed is None or os.environ.get("KERNEL_BOOTSTRAP_PYTHON"):
+    if parsed is None:
         return None
     config, as_json = parsed
-    config_file = config_file_for(config)
-    found = check(config_file) if config_file is not None else None
+    found = _found(config)
     if found is None:
         return None
     venv, python = found
@@ -255,3 +281,21 @@ def try_cli(argv: list[str]) -> int | None:
     else:
         print(python)
     return 0
+
+
+def _found(config: str | None) -> tuple[str, str] | None:
+    config_file = config_file_for(config)
+    return check(config_file) if config_file is not None else None
+
+
+def _try_exec(config: str | None, python_args: list[str]) -> None:
+    """Become the interpreter (as ``bootstrap.process.replace`` does, with ``os`` alone) if the
+    fingerprint holds; return if it does not, or if the exec fails (the full path says why)."""
+    found = _found(config)
+    if found is None:
+        return
+    python = found[1]
+    try:
+        os.execv(python, [python, *python_args])
+    except OSError:
+        return
