@@ -20,7 +20,9 @@ exit codes:
   0  ok
   1  failed: the environment could not be made ready, uv missing, lock timeout, push failed
   2  usage or config error, invalid skill
-  3  ensure --strict: at least one skill failed
+  3  ensure --strict (run --strict): at least one skill failed
+  130, 143, 129  stopped by ^C, SIGTERM, SIGHUP (children stopped, the lock released)
+  run exits with its interpreter's exit code
 
 environment:
   KERNEL_BOOTSTRAP_CONFIG    the config file when --config is not given

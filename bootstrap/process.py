@@ -9,16 +9,19 @@ environment (see :func:`child_env`) and turn a failure into a
 
 No child of ours may outlive the step that started it, or write into the venv after the lock
 that guarded it is free (a SIGTERMed ``ensure`` used to leave uv and its build backend writing
-into the live venv while the next session held the lock). So every child that :func:`run`,
-:func:`background` and :func:`streaming` start:
+into the live venv while the next session held the lock). So:
 
-- leads a process group of its own: stopping a child (an error, ^C, SIGTERM) kills the whole
-  group, uv's build backends included, and waits until it is gone; a group left behind by a
-  child that exited is killed too;
-- on Linux, is killed by the kernel when we die, even by SIGKILL (``PR_SET_PDEATHSIG``);
-- inherits a descriptor of every lock we hold (:func:`inherited`): an flock belongs to the open
-  file, so the kernel frees it only when the last process holding it has exited. Whatever
-  survives us (a grandchild) keeps the next session waiting instead of working beside it.
+- stopping a child (an error, ^C, SIGTERM, a timeout) stops its whole tree, uv's build backends
+  included, and waits until they are gone (``bootstrap.proctree``, Linux; elsewhere the child);
+- every child inherits a descriptor of every lock we hold (:func:`inherited`): an flock belongs
+  to the open file, so the kernel frees it only when the last process holding it has exited.
+  If we are SIGKILLed, what we started keeps the next session waiting until it has finished,
+  instead of working beside it.
+
+Children stay in our process group: a sandbox that kills our group kills them too, as before.
+(A group of their own would let ``killpg`` stop the tree, but the sandbox's kill would then
+miss them, and the parent-death signal that could make up for it needs a ``preexec_fn``, which
+costs subprocess its vfork and runs filelock's fork hooks: 4-10 ms more a child, measured here.)
 
 :func:`feed` (``push``, not under the venv's lock) keeps asyncio's own start and stop.
 """
@@ -27,10 +30,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,12 +51,10 @@ if TYPE_CHECKING:  # asyncio costs ~35 ms: only push pays for it, inside feed()
 _REMOVED_VARS = ("VIRTUAL_ENV", "CONDA_PREFIX", "PYTHONHOME", "PYTHONPATH", "__PYVENV_LAUNCHER__")
 _TAIL_LIMIT: Final = 64 * 1024  # stderr kept from a streamed child: a chatty one cannot grow us
 _DRAIN_TIMEOUT: Final = 30.0  # after an aborted stream, how long the child gets to clean up
-_GROUP_GONE_TIMEOUT: Final = 5.0  # how long a SIGKILLed group may take to leave the process table
 _POSIX: Final = sys.platform != "win32"
-_PR_SET_PDEATHSIG: Final = 1  # <linux/prctl.h>
+_PROC: Final = sys.platform == "linux"
 # Descriptors every child inherits (see inherited); duplicates owned by this module.
 _inherited: list[int] = []
-_prctl: Any = None  # libc's prctl, looked up once (ctypes costs ~6 ms: only Linux children pay)
 
 
 @dataclass(frozen=True)
@@ -101,11 +100,10 @@ def run(
         try:
             stdout, stderr = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            _stop_group(proc)
+            _stop_tree(proc)
             _, stderr = proc.communicate()
             raise error(argv, -9, (stderr or "") + f"\ntimed out after {timeout} s",
                         what) from None
-    _end_group(proc.pid)
     result = Result(proc.returncode, stdout, stderr)
     if check and proc.returncode != 0:
         raise error(argv, proc.returncode, stderr, what)
@@ -175,13 +173,15 @@ def streaming(*cmd: str | Path, what: str) -> Iterator[IO[bytes]]:
     with tempfile.TemporaryFile() as err:
         proc = _started(argv, subprocess.PIPE, err, child_env(), what, ProcessError)
         assert proc.stdin is not None, "BUG: a pipe was requested"
-        with _stopped_if_raised(proc):
-            with contextlib.suppress(BrokenPipeError):
-                try:
+        try:
+            with _stopped_if_raised(proc):
+                with contextlib.suppress(BrokenPipeError):
                     yield proc.stdin
-                finally:
-                    proc.stdin.close()
-            _raise_if_failed(proc, err, argv, what, ProcessError)
+                    proc.stdin.close()  # EOF only for a complete stream: on error, kill first
+                _raise_if_failed(proc, err, argv, what, ProcessError)
+        finally:
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
 
 
 def _started(argv: tuple[str, ...], stdin: int, err: IO[bytes], env: dict[str, str], what: str,
@@ -196,35 +196,10 @@ def _started(argv: tuple[str, ...], stdin: int, err: IO[bytes], env: dict[str, s
 
 
 def _popen(argv: Sequence[str], **options: Any) -> subprocess.Popen[Any]:
-    """Every child's start: a group of its own, our death its death, our locks its locks."""
+    """Every child's start: it inherits our locks (see :func:`inherited`)."""
     if not _POSIX:
         return subprocess.Popen(argv, **options)
-    return subprocess.Popen(argv, process_group=0, pass_fds=tuple(_inherited),
-                            preexec_fn=_dies_with_us(), **options)
-
-
-def _dies_with_us() -> Any:
-    """A preexec function asking the kernel to SIGKILL the child when we die (Linux only).
-
-    What the sandbox kills is our process group, and the child now leads another one: without
-    this, a SIGKILLed ``ensure`` left its uv running. (It costs subprocess its vfork fast path,
-    ~1 ms a child; children start only on the slow path.)
-    """
-    global _prctl
-    if sys.platform != "linux":
-        return None
-    if _prctl is None:
-        import ctypes
-
-        _prctl = ctypes.CDLL(None, use_errno=True).prctl
-    prctl, parent, kill = _prctl, os.getpid(), int(signal.SIGKILL)
-
-    def preexec() -> None:  # runs in the forked child: no imports, no locks
-        prctl(_PR_SET_PDEATHSIG, kill)
-        if os.getppid() != parent:  # we died before the request landed: nobody would tell it
-            os._exit(1)
-
-    return preexec
+    return subprocess.Popen(argv, pass_fds=tuple(_inherited), **options)
 
 
 @contextlib.contextmanager
@@ -246,50 +221,30 @@ def inherited(fd: int) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _stopped_if_raised(proc: subprocess.Popen[Any]) -> Iterator[None]:
-    """Stop ``proc`` and its group if the block raises: what it was doing is no longer wanted."""
+    """Stop ``proc`` and its tree if the block raises: what it was doing is no longer wanted."""
     try:
         yield
     except BaseException:
-        _stop_group(proc)
+        _stop_tree(proc)
         raise
 
 
-def _stop_group(proc: subprocess.Popen[Any]) -> None:
-    """SIGKILL ``proc``'s whole group (uv and its build backends), reap it, and wait until the
-    group is gone: only then may the caller release the lock the group worked under."""
-    if _POSIX:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-    else:
+def _stop_tree(proc: subprocess.Popen[Any]) -> None:
+    """SIGKILL ``proc`` and its descendants (uv and its build backends), reap it, and wait,
+    bounded, until they are gone: only then may the caller release the lock they worked under."""
+    if _PROC and proc.poll() is None:
+        from bootstrap import proctree
+
+        proctree.kill(proc.pid, reap=proc.wait)
+    if proc.poll() is None:
         proc.kill()
     proc.wait()
-    _end_group(proc.pid)
-
-
-def _end_group(pgid: int) -> None:
-    """Kill what is left of a finished child's group (a backend it left behind, which would
-    hold our lock), then wait, bounded, for the group to leave the process table."""
-    if not _POSIX:
-        return
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        return  # the usual case: the group ended with its leader
-    deadline = time.monotonic() + _GROUP_GONE_TIMEOUT
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except (ProcessLookupError, PermissionError):
-            return
-        time.sleep(0.005)
 
 
 def _raise_if_failed(proc: subprocess.Popen[bytes], err: IO[bytes], argv: Sequence[str],
                      what: str, error: type[ProcessError]) -> None:
     """Wait for ``proc``; if it failed, raise ``error`` with the tail of its stderr file."""
-    proc.wait()
-    _end_group(proc.pid)
-    if proc.returncode != 0:
+    if proc.wait() != 0:
         size = err.seek(0, os.SEEK_END)  # the child wrote through its own copy of the fd
         err.seek(max(0, size - _TAIL_LIMIT))
         raise error(tuple(argv), proc.returncode, err.read().decode(errors="replace"), what)

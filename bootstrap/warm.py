@@ -260,10 +260,9 @@ def try_cli(argv: list[str]) -> int | None:
     never returns); None to fall through to the full CLI."""
     if os.environ.get("KERNEL_BOOTSTRAP_PYTHON"):
         return None
-    if "run" in argv:
-        launch = parse_run(argv)
-        if launch is not None:
-            _try_exec(*launch)
+    launch = parse_run(argv) if "run" in argv else None
+    if launch is not None:
+        _try_exec(*launch)
         return None
     parsed = parse_args(argv)
     if parsed is None:
