@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Final
 
 from bootstrap import log
 from bootstrap.errors import ConfigError, LockTimeout
-from bootstrap.fs import read_state_file, remove_quietly, write_file
+from bootstrap.fs import pid_alive, read_state_file, remove_quietly, write_file
 
 if TYPE_CHECKING:
     from filelock import BaseFileLock
@@ -172,7 +172,9 @@ def _acquire(lock: BaseFileLock, lock_file: Path, timeout: float, name: str,
         if _try_acquire(lock, max(0.0, timeout - (time.monotonic() - started))):
             return
     pid = _holder_now(lock_file)
-    stop = f"kill {pid}" if pid else f"find it with lsof {lock_file}"
+    # A holder that exited while what it started goes on (SIGKILLed `ensure`, its uv still
+    # installing) still holds the lock through them: only lsof finds them.
+    stop = f"kill {pid}" if pid and pid_alive(pid) else f"find them with lsof {lock_file}"
     raise LockTimeout(f"timed out after {timeout:g} s waiting for {name} ({lock_file}), held "
                       f"by {_who(pid)}. " + advice.format(who=_who(pid), stop=stop))
 
@@ -199,6 +201,8 @@ def _holder_now(lock_file: Path) -> int | None:
 
 
 def _who(pid: int | None) -> str:
+    if pid and not pid_alive(pid):
+        return f"what pid {pid} started (pid {pid} has exited)"
     return f"pid {pid}" if pid else "another process"
 
 

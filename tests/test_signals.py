@@ -124,7 +124,7 @@ def test_a_sigkilled_sessions_uv_keeps_the_lock_until_it_exits(world: World) -> 
     world.ensure()
     world.skill("slow")
     world.clear_log()
-    proc = start(world, env={"FAKE_UV_DELAY": "3"})
+    proc = start(world, env={"FAKE_UV_DELAY": "6"})  # long enough for a loaded machine
     wait_for(lambda: installing(world, "slow"), proc=proc)
     [orphan] = uv_pids(world)
     os.kill(proc.pid, signal.SIGKILL)  # the session alone: its uv lives on, holding the lock
@@ -132,6 +132,8 @@ def test_a_sigkilled_sessions_uv_keeps_the_lock_until_it_exits(world: World) -> 
 
     waited = world.ensure("--lock-timeout", "0.5", ok=False)
     assert waited.returncode == 1 and "timed out" in waited.stderr
+    assert f"held by what pid {proc.pid} started (pid {proc.pid} has exited)" in waited.stderr
+    assert "lsof" in waited.stderr
     assert world.status()["lock"]["held"] is True
     # The next session waits for the orphan: no uv of its own starts while that one lives.
     nxt = start(world)
