@@ -207,8 +207,8 @@ def inherited(fd: int) -> Iterator[None]:
     """While the block runs, every child started inherits a duplicate of ``fd``.
 
     ``lock.hold`` passes its lock's descriptor: the lock then lasts as long as the last process
-    that could write under it. A duplicate, not ``fd`` itself: filelock closes its own
-    descriptors in a child that runs Python after the fork (our preexec function does).
+    that could write under it. A duplicate, not ``fd`` itself: filelock owns its descriptor
+    (and closes it in any child that runs Python after a fork); ours lives as long as the block.
     """
     dup = os.dup(fd)  # not inheritable: only children given it in pass_fds get it
     _inherited.append(dup)
