@@ -9,6 +9,7 @@ Global options may come before or after the subcommand, as uv's do.
 from __future__ import annotations
 
 import argparse
+import contextlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -19,7 +20,9 @@ exit codes:
   0  ok
   1  failed: the environment could not be made ready, uv missing, lock timeout, push failed
   2  usage or config error, invalid skill
-  3  ensure --strict: at least one skill failed
+  3  ensure --strict (run --strict): at least one skill failed
+  130, 143, 129  stopped by ^C, SIGTERM, SIGHUP (children stopped, the lock released)
+  run exits with its interpreter's exit code
 
 environment:
   KERNEL_BOOTSTRAP_CONFIG    the config file when --config is not given
@@ -154,6 +157,14 @@ def _ensure(p: argparse.ArgumentParser, _: type[argparse.ArgumentParser]) -> Non
     _lock_timeout(p, 300.0)
 
 
+def _run(p: argparse.ArgumentParser, _: type[argparse.ArgumentParser]) -> None:
+    p.usage = "%(prog)s [--config PATH] [--strict] [-- PYTHON-ARGS...]"
+    p.add_argument("--strict", action="store_true",
+                   help="exit 3 instead of starting when any skill failed")
+    p.epilog = ("Everything after -- goes to the interpreter, e.g. "
+                "`kernel-bootstrap run -- -m ipykernel_launcher -f FILE`.")
+
+
 def _status(p: argparse.ArgumentParser, _: type[argparse.ArgumentParser]) -> None:
     _json(p)
 
@@ -218,7 +229,8 @@ def _subcommands(p: argparse.ArgumentParser, dest: str,
 
 def _kernelspec(p: argparse.ArgumentParser, parser_class: type[argparse.ArgumentParser]) -> None:
     ks = _subcommands(p, "kernelspec_command", parser_class)
-    k = _add(ks, "install", "ensure, then write a kernelspec that runs the venv", depth=2)
+    k = _add(ks, "install", "ensure, then write a kernelspec that starts the kernel through "
+                            "`kernel-bootstrap run`", depth=2)
     k.add_argument("--name", default="kernel-bootstrap",
                    help="kernel name, its directory's name (default: kernel-bootstrap)")
     k.add_argument("--display-name", default=None,
@@ -228,6 +240,8 @@ def _kernelspec(p: argparse.ArgumentParser, parser_class: type[argparse.Argument
                        help="the user's Jupyter data dir (the default)")
     where.add_argument("--prefix", type=_prefix, default=None,
                        help="PREFIX/share/jupyter/kernels, e.g. $CONDA_PREFIX (default: --user)")
+    k.add_argument("--direct", action="store_true",
+                   help="start the venv's interpreter itself: no readiness check at kernel start")
     _json(k)
 
 
@@ -247,6 +261,7 @@ def _snapshot(p: argparse.ArgumentParser, parser_class: type[argparse.ArgumentPa
 _COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser,
                                           type[argparse.ArgumentParser]], None]]] = {
     "ensure": ("make the environment ready; print the interpreter path", _ensure),
+    "run": ("make the environment ready, then exec its interpreter with PYTHON-ARGS", _run),
     "status": ("say whether the environment is ready, and why not (read-only)", _status),
     "repair": ("verify the environment deeply and fix what is broken", _repair),
     "lock": ("pin the runtime's requirements with hashes in the lock file", _lock),
@@ -270,13 +285,27 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser refuses, and every request for help, is parsed again by the full one, so messages
     and help are always the full parser's own.
     """
+    argv, python_args = _split_python_args(argv)
     command = _command_named(argv)
+    args: argparse.Namespace | None = None
     if command is not None:
-        try:
-            return _checked(build_parser(only=command), argv)
-        except UsageError:
-            pass
-    return _checked(build_parser(), argv)
+        with contextlib.suppress(UsageError):
+            args = _checked(build_parser(only=command), argv)
+    args = args or _checked(build_parser(), argv)
+    if args.command == "run":
+        args.python_args = python_args
+    return args
+
+
+def _split_python_args(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """For ``run``, what comes after the first ``--`` is the interpreter's, untouched (argparse
+    would read options there, and drop a later ``--``); other commands get argv as it is."""
+    argv = list(argv)
+    if "--" in argv:
+        cut = argv.index("--")
+        if _command_named(argv[:cut]) == "run":
+            return argv[:cut], argv[cut + 1:]
+    return argv, []
 
 
 def _command_named(argv: Sequence[str]) -> str | None:

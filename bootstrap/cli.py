@@ -61,7 +61,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2  # EXIT_USAGE, spelled out to keep bootstrap.errors off the warm path
     log.configure(verbosity=args.verbose - args.quiet, fmt=args.log_format)
     from bootstrap.errors import EXIT_FAILED, BootstrapError
+    from bootstrap.primitives.signals import Terminated, handle_termination
 
+    handle_termination()
     try:
         return _run(args)
     except BootstrapError as e:
@@ -70,6 +72,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Terminated as e:
+        print(str(e), file=sys.stderr)
+        return e.exit_code
     except OSError as e:
         # An unexpected I/O failure (disk full, permission) is still the user's environment,
         # not our bug: one clear line, no traceback.
@@ -89,7 +94,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def _dispatch(args: argparse.Namespace) -> int:
     # Split as the parsers are: the commands about the managed venv, then the rest.
-    if args.command in ("ensure", "status", "repair", "lock", "gc", "init"):
+    if args.command in ("ensure", "run", "status", "repair", "lock", "gc", "init"):
         return _dispatch_environment(args)
     return _dispatch_trees(args)
 
@@ -101,6 +106,10 @@ def _dispatch_environment(args: argparse.Namespace) -> int:
 
         return ensure(args.config, as_json=args.json, strict=args.strict,
                       lock_timeout=args.lock_timeout, retry=args.retry)
+    if cmd == "run":
+        from bootstrap.commands.run import run
+
+        return run(args.config, strict=args.strict, python_args=args.python_args)
     if cmd == "status":
         from bootstrap.commands.status import status
 
@@ -141,7 +150,8 @@ def _dispatch_trees(args: argparse.Namespace) -> int:
         from bootstrap.commands.kernelspec import install
 
         return install(args.config, name=args.name, display_name=args.display_name,
-                       user=args.user, prefix=args.prefix, as_json=args.json)
+                       user=args.user, prefix=args.prefix, as_json=args.json,
+                       direct=args.direct)
     if cmd == "snapshot":
         from bootstrap.commands import snapshot
 

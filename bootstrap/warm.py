@@ -9,7 +9,7 @@ under the user cache dir. The next start re-stats those paths; if all are identi
 size, mtime and ctime, which no user can set), nothing the full check read has changed and it
 would answer "ready" again. Any difference, or any doubt, falls through to the full check.
 
-A skill whose failure is backing off (bootstrap.backoff) does not make the start slow: the
+A skill whose failure is backing off (bootstrap.skills.backoff) does not make the start slow: the
 fingerprint then also records that failure and when it may be retried, holds only until then,
 and the warm path repeats the full path's answer (the warning naming the skill, the skill in
 ``--json``'s ``failed``, exit 3 with ``--strict``).
@@ -36,7 +36,7 @@ BACKED_OFF = "skill failed to install earlier; not retried before retry_at"
 
 
 def now() -> float:
-    """The clock every backoff decision reads, warm or not (bootstrap.backoff uses this one):
+    """The clock every backoff decision reads, warm or not (bootstrap.skills.backoff uses this one):
     ``$KERNEL_BOOTSTRAP_TEST_NOW`` when set, so that tests control time in child processes."""
     fake = os.environ.get(CLOCK_ENV)
     if fake:
@@ -330,8 +330,11 @@ def parse_seconds(text: str) -> float | None:
 
 # Global options (before or after the subcommand) that change nothing a warm "ready" prints.
 _GLOBAL_FLAGS = ("-q", "-qq", "--quiet")
-_WITH_VALUE = ("--config", "--log-format", "--lock-timeout")
-_ENSURE_ONLY = ("--json", "--strict", "--lock-timeout")
+_GLOBAL_VALUES = ("--config", "--log-format")
+_ENSURE_ONLY = ("--json", "--strict")
+# `run --strict` is answered warm as `ensure --strict` is: a failure the fingerprint records
+# (one backing off) exits 3 before anything starts, as the full path decides.
+_RUN_ONLY = ("--strict",)
 
 
 # What the warm path needs from the command line: --config's value, --json, --strict, how
@@ -346,18 +349,35 @@ def parse_args(argv: list[str]) -> Options | None:
     or after ``ensure``, ``--config PATH``, ``--config=PATH``, ``-q``, ``--quiet``,
     ``--log-format console|json``; after it, ``--json``, ``--strict`` and ``--lock-timeout
     SECONDS`` with a valid value. Anything else (``-v``, abbreviations, ``--lock-timeout abc``, a
-    value that looks like an option) goes the long way, so it gets the full parser's answer.
+    value that looks like an option, ``--retry``) goes the long way, so it gets the full
+    parser's answer.
     """
+    return _scan(argv, "ensure", _ENSURE_ONLY, ("--lock-timeout",))
+
+
+def parse_run(argv: list[str]) -> tuple[Options, list[str]] | None:
+    """The options (``--json`` never) and PYTHON-ARGS of the plain ``run [--strict] [--
+    PYTHON-ARGS...]`` forms (the global options as :func:`parse_args` takes them); None for
+    anything else."""
+    cut = argv.index("--") if "--" in argv else len(argv)
+    scanned = _scan(argv[:cut], "run", _RUN_ONLY, ())
+    return None if scanned is None else (scanned, argv[cut + 1:])
+
+
+def _scan(argv: list[str], command: str, flags: tuple[str, ...],
+          valued: tuple[str, ...]) -> Options | None:
+    """The options if ``argv`` is ``command`` with only those flags, the options in ``valued``
+    (after it) and the global options; None for anything else."""
     values: dict[str, str | None] = {"--config": None, "--log-format": None}
-    flags: set[str] = set()
+    given: set[str] = set()
     quiet = 0
     seen_command = False
     i = 0
     while i < len(argv):
         arg = argv[i]
-        if arg == "ensure" and not seen_command:
+        if arg == command and not seen_command:
             seen_command = True
-        elif arg in _WITH_VALUE:
+        elif arg in _GLOBAL_VALUES or arg in valued:
             value = argv[i + 1] if i + 1 < len(argv) else ""
             if not _valid(arg, value, seen_command):
                 return None
@@ -368,8 +388,8 @@ def parse_args(argv: list[str]) -> Options | None:
             if not _valid(name, value, seen_command):
                 return None
             values[name] = value
-        elif arg in _ENSURE_ONLY and seen_command:
-            flags.add(arg)
+        elif arg in flags and seen_command:
+            given.add(arg)
         elif arg in _GLOBAL_FLAGS:
             quiet += 2 if arg == "-qq" else 1
         else:
@@ -377,7 +397,7 @@ def parse_args(argv: list[str]) -> Options | None:
         i += 1
     if not seen_command:
         return None
-    return (values["--config"], "--json" in flags, "--strict" in flags, quiet,
+    return (values["--config"], "--json" in given, "--strict" in given, quiet,
             values["--log-format"])
 
 
@@ -392,24 +412,24 @@ def _valid(option: str, value: str, after_command: bool) -> bool:
 
 
 def try_cli(argv: list[str]) -> int | None:
-    """The whole warm ``kernel-bootstrap ensure``; None to fall through to the full CLI."""
+    """The whole warm ``kernel-bootstrap ensure`` (or ``run``, which execs the interpreter and
+    never returns unless it must refuse); None to fall through to the full CLI."""
+    if os.environ.get("KERNEL_BOOTSTRAP_PYTHON"):
+        return None
+    launch = parse_run(argv) if "run" in argv else None
+    if launch is not None:
+        return _try_exec(*launch)
     parsed = parse_args(argv)
-    if parsed is None or os.environ.get("KERNEL_BOOTSTRAP_PYTHON"):
+    if parsed is None:
         return None
     config, as_json, strict, quiet, log_format = parsed
-    config_file = config_file_for(config)
-    found = holds(config_file) if config_file is not None else None
+    found = _found(config)
     if found is None:
         return None
     venv, python, failed, refused = found
-    if refused is not None:
-        import json
-
-        sys.stderr.write(f"error: {json.loads(refused)}\n")
-        return 1  # EXIT_FAILED: a rebuild backing off, as the full path answers it
-    if quiet < 2:  # -qq shows errors only
-        for name, count, retry_at, _ in failed:
-            _warn_backed_off(name, count, retry_at, log_format)
+    answered = _answer_failures(failed, refused, quiet, log_format)
+    if answered is not None:
+        return answered
     if as_json:
         import json
 
@@ -421,8 +441,48 @@ def try_cli(argv: list[str]) -> int | None:
     return 3 if strict and failed else 0  # EXIT_SKILLS_FAILED, as the full path decides
 
 
+def _found(config: str | None) -> tuple[str, str, list[list[str]], str | None] | None:
+    config_file = config_file_for(config)
+    return holds(config_file) if config_file is not None else None
+
+
+def _answer_failures(failed: list[list[str]], refused: str | None, quiet: int,
+                     log_format: str | None) -> int | None:
+    """A rebuild backing off is answered with its error (exit 1, as the full path answers it);
+    each skill backing off is warned about. None: go on with the answer."""
+    if refused is not None:
+        import json
+
+        sys.stderr.write(f"error: {json.loads(refused)}\n")
+        return 1  # EXIT_FAILED
+    if quiet < 2:  # -qq shows errors only
+        for name, count, retry_at, _ in failed:
+            _warn_backed_off(name, count, retry_at, log_format)
+    return None
+
+
+def _try_exec(options: Options, python_args: list[str]) -> int | None:
+    """Become the interpreter (as ``process.replace`` does, with ``os`` alone) if the
+    fingerprint holds; 3 for ``--strict`` with a failure backing off; None if it does not
+    hold, if a rebuild backs off (the full path then starts the earlier runtime, with its
+    warning), or if the exec fails (the full path says why)."""
+    config, _, strict, quiet, log_format = options
+    found = _found(config)
+    if found is None or found[3] is not None:
+        return None
+    _, python, failed, _ = found
+    _answer_failures(failed, None, quiet, log_format)
+    if strict and failed:
+        return 3  # EXIT_SKILLS_FAILED: nothing starts, as the full path decides
+    try:
+        os.execv(python, [python, *python_args])
+    except OSError:
+        return None
+    return None  # not reached: execv does not return
+
+
 def _warn_backed_off(name: str, count: str, retry_at: str, log_format: str | None) -> None:
-    """The warning bootstrap.engine logs for a failure backing off, in bootstrap.log's two
+    """The warning the engine logs for a failure backing off, in primitives/log.py's two
     formats, without the error itself (``kernel-bootstrap status`` shows it). Skill names and
     ISO times need no escaping in either."""
     if log_format == "json" or (log_format is None and not os.isatty(2)):

@@ -52,6 +52,41 @@ def kill_group(proc: subprocess.Popen[str]) -> None:
     proc.communicate(timeout=10)
 
 
+def session_members(sid: int) -> list[str]:
+    """The live processes (zombies aside) of session ``sid``, as ``pid command`` lines.
+
+    A child started by :func:`spawn` leads a session of its own; the children it starts stay
+    in that session even in process groups of their own, so what is left of it after it exited
+    is exactly what it leaked. Linux only (it reads /proc).
+    """
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8", errors="replace") as f:
+                stat = f.read()
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue  # it ended while we looked
+        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "
+        state, session = fields[0], int(fields[3])
+        if session == sid and state not in ("Z", "X"):
+            found.append(f"{entry} {cmdline}")
+    return found
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie is not)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2:].split()[0] not in ("Z", "X")
+
+
 def run_with_tty_stderr(cmd: list[str], env: dict[str, str], timeout: float = 60.0,
                         ) -> tuple[int, str, str]:
     """Run ``cmd`` with stderr on a pseudo-terminal (stdout stays a pipe): what a person at a

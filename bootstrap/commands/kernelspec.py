@@ -11,8 +11,9 @@ from bootstrap.primitives import log
 
 
 def install(config_path: Path | None, *, name: str, display_name: str | None, user: bool,
-            prefix: Path | None, as_json: bool) -> int:
-    """``user`` is the default location; it is a flag only so that it can be said explicitly."""
+            prefix: Path | None, as_json: bool, direct: bool = False) -> int:
+    """``user`` is the default location; it is a flag only so that it can be said explicitly.
+    ``direct``: the spec starts the venv's interpreter itself, without the gate."""
     from bootstrap.engine.ensure import ensure
     from bootstrap.env import kernelspec
 
@@ -21,8 +22,9 @@ def install(config_path: Path | None, *, name: str, display_name: str | None, us
     config = load_config(config_path)
     # Before ensure: a config without ipykernel must not cost a venv build to find out.
     kernelspec.require_ipykernel(config)
+    # The first kernel start is then warm; every start goes through the gate unless --direct.
     result = ensure(config)
-    spec = kernelspec.spec_for(result.python, kernel, display_name, config)
+    spec = kernelspec.spec_for(result.python, kernel, display_name, config, direct=direct)
     path = kernelspec.install_spec(kernelspec.kernels_dir(prefix), kernel, spec)
     log.info("kernelspec installed", name=kernel, path=str(path),
              display_name=spec["display_name"])

@@ -1,8 +1,11 @@
 """Jupyter kernelspecs that start the managed interpreter: where they go, what they hold, and an
 install that a running Jupyter never sees half done.
 
-The kernelspec names the venv's interpreter by its stable path, so it survives every rebuild:
-``ensure`` swaps a new venv in at the same path. Jupyter lists every directory under
+The kernelspec starts the kernel through ``kernel-bootstrap run`` (the gate): every kernel Jupyter,
+jupyter_client, VS Code or a harness starts from it is made ready first, so a skill added after
+the install is installed for it. ``--direct`` writes the old form, the venv's interpreter by its
+stable path (it survives every rebuild: ``ensure`` swaps a new venv in at the same path), which
+skips the gate. Jupyter lists every directory under
 ``kernels/`` that holds a ``kernel.json`` (a name it finds invalid only earns a warning), so the
 new spec is staged beside ``kernels/``, not inside it, and renamed into place in one step.
 """
@@ -14,7 +17,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Any, Final, TypedDict
+from typing import Any, Final, NotRequired, TypedDict
 
 from bootstrap.config import Config
 from bootstrap.env.requirements import validate_requirements
@@ -37,6 +40,14 @@ _NAME_RE: Final = re.compile(r"[a-zA-Z0-9._-]+")
 MAX_NAME: Final = 200
 LAUNCHER: Final = ("-m", "ipykernel_launcher", "-f", "{connection_file}")
 SPEC_FILE: Final = "kernel.json"
+# What the gate needs to manage the venv the install managed: the overrides in force then.
+# Jupyter starts kernels with its own environment, which may lack them. Nothing else is
+# carried: credentials (AWS_*, an index URL with a token) stay out of a world-readable file.
+CARRIED_ENV: Final = ("KERNEL_BOOTSTRAP_VENV", "KERNEL_BOOTSTRAP_PYTHON",
+                      "KERNEL_BOOTSTRAP_SNAPSHOTS", "KERNEL_BOOTSTRAP_UV",
+                      "KERNEL_BOOTSTRAP_BUILD_CACHE", "KERNEL_BOOTSTRAP_BATCH_BUILDS",
+                      "KERNEL_BOOTSTRAP_SNAPSHOT_TIMEOUT", "KERNEL_BOOTSTRAP_OFFLINE")
+_CREDENTIALS: Final = re.compile(r"://[^/@\s]*@")  # user:token@ in a URL
 
 
 class KernelSpec(TypedDict):
@@ -44,6 +55,7 @@ class KernelSpec(TypedDict):
     display_name: str
     language: str
     metadata: dict[str, Any]
+    env: NotRequired[dict[str, str]]  # only what the gate needs (CARRIED_ENV)
 
 
 def check_name(name: str) -> str:
@@ -94,9 +106,12 @@ def kernels_dir(prefix: Path | None = None) -> Path:
     return user_data_dir() / "kernels"
 
 
-def spec_for(python: Path, name: str, display_name: str | None, config: Config) -> KernelSpec:
-    return {
-        "argv": [str(python), *LAUNCHER],
+def spec_for(python: Path, name: str, display_name: str | None, config: Config, *,
+             direct: bool = False) -> KernelSpec:
+    """The spec: through ``kernel-bootstrap run`` (the gate), or with ``direct`` the venv's
+    interpreter alone."""
+    spec: KernelSpec = {
+        "argv": [str(python), *LAUNCHER] if direct else gate_argv(config),
         "display_name": display_name or f"Python ({name})",
         "language": "python",
         "metadata": {"kernel_bootstrap": {
@@ -104,6 +119,53 @@ def spec_for(python: Path, name: str, display_name: str | None, config: Config) 
             "venv": str(config.venv),
         }},
     }
+    env = {} if direct else carried_env()
+    if env:
+        spec["env"] = env
+    return spec
+
+
+def gate_argv(config: Config) -> list[str]:
+    """``[<this kernel-bootstrap>, "run", "--config", <config>, "--", *LAUNCHER]``."""
+    if config.path is None:
+        raise ConfigError("a kernelspec through `kernel-bootstrap run` needs a config file; "
+                          "pass --config PATH, or --direct for one without the gate")
+    return [*self_command(), "run", "--config", str(config.path), "--", *LAUNCHER]
+
+
+def self_command() -> list[str]:
+    """How to start this kernel-bootstrap again from anywhere: the console script that is
+    running, by absolute path (not resolved: a symlink on PATH stays valid across upgrades);
+    else the one installed beside this interpreter; else (a checkout, ``python -m bootstrap``)
+    this interpreter with ``-m bootstrap``."""
+    script = os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    if os.path.basename(script).startswith("kernel-bootstrap") and _executable(script):
+        return [script]
+    beside = os.path.join(os.path.dirname(sys.executable),
+                          "kernel-bootstrap.exe" if sys.platform == "win32" else
+                          "kernel-bootstrap")
+    if _executable(beside):
+        return [beside]
+    return [sys.executable, "-m", "bootstrap"]
+
+
+def _executable(path: str) -> bool:
+    return os.path.isfile(path) and os.access(path, os.X_OK)
+
+
+def carried_env() -> dict[str, str]:
+    """The overrides of :data:`CARRIED_ENV` that are set, minus any value with credentials."""
+    from bootstrap.primitives import log
+    env = {}
+    for key in CARRIED_ENV:
+        value = os.environ.get(key)
+        if not value:
+            continue
+        if _CREDENTIALS.search(value):
+            log.warning(f"{key} holds credentials; not written into the kernelspec", key=key)
+            continue
+        env[key] = value
+    return env
 
 
 def install_spec(kernels: Path, name: str, spec: KernelSpec) -> Path:

@@ -4,6 +4,10 @@ The lock file is a sibling of the venv (``<venv>.lock``), never inside it: a reb
 the venv directory, and a lock inside it would stop excluding anyone. It is an flock, so the
 kernel releases it when the holder dies, even by SIGKILL; we never delete the file. The wait is
 bounded: the system we replace waited forever and one user's kernel hung for 17 minutes.
+
+Every child started while the lock is held inherits its descriptor (``process.inherited``), so
+the kernel keeps the lock until the last of them has exited: a SIGKILLed holder's surviving
+child (uv's build backend) keeps the next session waiting, never working beside it.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from typing import TYPE_CHECKING, Final
 
 from bootstrap.errors import BootstrapError, ConfigError, LockTimeout
 from bootstrap.primitives import log
-from bootstrap.primitives.fs import read_state_file, remove_quietly, write_file
+from bootstrap.primitives.fs import pid_alive, read_state_file, remove_quietly, write_file
 
 if TYPE_CHECKING:
     from filelock import BaseFileLock
@@ -97,16 +101,36 @@ def hold(lock_file: Path, timeout: float, purpose: str = "bootstrap", *,
     ``name`` says what is locked and ``advice`` what to do on a timeout (``{who}`` and
     ``{stop}`` are filled in): the defaults are those of the venv's bootstrap lock.
     """
+    from bootstrap.primitives import process
     _make_parent(lock_file.parent)
     _refuse_planted(lock_file)
     lock = _file_lock(lock_file)
     _acquire(lock, lock_file, timeout, name, advice)
     try:
         _write_holder(lock_file, purpose)
-        yield
+        fd = _descriptor(lock, lock_file)
+        with process.inherited(fd) if fd is not None else contextlib.nullcontext():
+            yield
     finally:
         remove_quietly(_holder_of(lock_file))
         lock.release()
+
+
+def _descriptor(lock: BaseFileLock, lock_file: Path) -> int | None:
+    """The descriptor filelock holds the flock through, checked to be ``lock_file``'s.
+
+    filelock does not publish it; ``_context.lock_file_fd`` has held it since filelock 3.12 (our
+    floor) and still does in 4.x. Where it is missing, children just do not extend the lock.
+    """
+    if sys.platform == "win32":  # msvcrt locks belong to the process, not the open file
+        return None
+    fd = getattr(getattr(lock, "_context", None), "lock_file_fd", None)
+    if not isinstance(fd, int):
+        return None
+    try:
+        return fd if os.path.samestat(os.fstat(fd), os.stat(lock_file)) else None
+    except OSError:
+        return None
 
 
 def _make_parent(directory: Path) -> None:
@@ -181,7 +205,9 @@ def _acquire(lock: BaseFileLock, lock_file: Path, timeout: float, name: str,
         if _try_acquire(lock, max(0.0, timeout - (time.monotonic() - started))):
             return
     pid = _holder_now(lock_file)
-    stop = f"kill {pid}" if pid else f"find it with lsof {lock_file}"
+    # A holder that exited while what it started goes on (SIGKILLed `ensure`, its uv still
+    # installing) still holds the lock through them: only lsof finds them.
+    stop = f"kill {pid}" if pid and pid_alive(pid) else f"find them with lsof {lock_file}"
     raise LockTimeout(f"timed out after {timeout:g} s waiting for {name} ({lock_file}), held "
                       f"by {_who(pid)}. " + advice.format(who=_who(pid), stop=stop))
 
@@ -208,6 +234,8 @@ def _holder_now(lock_file: Path) -> int | None:
 
 
 def _who(pid: int | None) -> str:
+    if pid and not pid_alive(pid):
+        return f"what pid {pid} started (pid {pid} has exited)"
     return f"pid {pid}" if pid else "another process"
 
 

@@ -6,6 +6,24 @@ while we work (``tar -x`` fed a vetted snapshot); :func:`feed` is the asyncio fo
 for ``push``, where several runtimes stream at once. All of them give the child a cleaned
 environment (see :func:`child_env`) and turn a failure into a
 :class:`~bootstrap.errors.ProcessError` naming the command and the tail of its stderr.
+
+No child of ours may outlive the step that started it, or write into the venv after the lock
+that guarded it is free (a SIGTERMed ``ensure`` used to leave uv and its build backend writing
+into the live venv while the next session held the lock). So:
+
+- stopping a child (an error, ^C, SIGTERM, a timeout) stops its whole tree, uv's build backends
+  included, and waits until they are gone (``proctree``, Linux; elsewhere the child);
+- every child inherits a descriptor of every lock we hold (:func:`inherited`): an flock belongs
+  to the open file, so the kernel frees it only when the last process holding it has exited.
+  If we are SIGKILLed, what we started keeps the next session waiting until it has finished,
+  instead of working beside it.
+
+Children stay in our process group: a sandbox that kills our group kills them too, as before.
+(A group of their own would let ``killpg`` stop the tree, but the sandbox's kill would then
+miss them, and the parent-death signal that could make up for it needs a ``preexec_fn``, which
+costs subprocess its vfork and runs filelock's fork hooks: 4-10 ms more a child, measured here.)
+
+:func:`feed` (``push``, not under the venv's lock) keeps asyncio's own start and stop.
 """
 
 from __future__ import annotations
@@ -13,10 +31,11 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Final, NoReturn
+from typing import IO, TYPE_CHECKING, Any, Final, NoReturn
 
 from bootstrap.errors import BootstrapError, ProcessError
 
@@ -32,6 +51,10 @@ if TYPE_CHECKING:  # asyncio costs ~35 ms: only push pays for it, inside feed()
 _REMOVED_VARS = ("VIRTUAL_ENV", "CONDA_PREFIX", "PYTHONHOME", "PYTHONPATH", "__PYVENV_LAUNCHER__")
 _TAIL_LIMIT: Final = 64 * 1024  # stderr kept from a streamed child: a chatty one cannot grow us
 _DRAIN_TIMEOUT: Final = 30.0  # after an aborted stream, how long the child gets to clean up
+_POSIX: Final = sys.platform != "win32"
+_PROC: Final = sys.platform == "linux"
+# Descriptors every child inherits (see inherited); duplicates owned by this module.
+_inherited: list[int] = []
 
 
 @dataclass(frozen=True)
@@ -67,26 +90,43 @@ def run(
     """
     argv = tuple(str(c) for c in cmd)
     try:
-        proc = subprocess.run(
-            argv,
-            stdin=stdin if stdin is not None else subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            errors="replace",
-            env=dict(env) if env is not None else child_env(),
-            cwd=cwd,
-            timeout=timeout,
-            check=False,
-        )
+        proc = _popen(argv, stdin=stdin if stdin is not None else subprocess.DEVNULL,
+                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                      errors="replace", env=dict(env) if env is not None else child_env(),
+                      cwd=cwd)
     except OSError as e:
         _not_started(argv, e, what, error)
-    except subprocess.TimeoutExpired as e:
-        stderr = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else ""
-        raise error(argv, -9, stderr + f"\ntimed out after {timeout} s", what) from e
-    result = Result(proc.returncode, proc.stdout, proc.stderr)
+    with _stopped_if_raised(proc):
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _stop_tree(proc)
+            _, stderr = proc.communicate()
+            raise error(argv, -9, (stderr or "") + f"\ntimed out after {timeout} s",
+                        what) from None
+    result = Result(proc.returncode, stdout, stderr)
     if check and proc.returncode != 0:
-        raise error(argv, proc.returncode, proc.stderr, what)
+        raise error(argv, proc.returncode, stderr, what)
     return result
+
+
+def replace(python: Path, args: Sequence[str]) -> NoReturn:
+    """Become ``python ARGS`` (``os.execv``): no process of ours stays around, and the pid the
+    caller started (Jupyter signals and waits for it) is the interpreter's.
+
+    Signals we catch are reset by the exec itself (SIGPIPE stays ignored, as the new
+    interpreter's own start would set it anyway). Open descriptors of ours are close-on-exec.
+    """
+    argv = [str(python), *args]
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:
+            stream.flush()
+    if "logging" in sys.modules:
+        sys.modules["logging"].shutdown()
+    try:
+        os.execv(argv[0], argv)
+    except OSError as e:
+        raise BootstrapError(f"cannot start {python}: {e.strerror or e}") from e
 
 
 def _not_started(argv: Sequence[str], e: OSError, what: str,
@@ -114,9 +154,10 @@ def background(*cmd: str | Path, env: Mapping[str, str] | None = None, what: str
     with tempfile.TemporaryFile() as err:
         proc = _started(argv, subprocess.DEVNULL, err,
                         dict(env) if env is not None else child_env(), what, error)
-        with _killed_if_raised(proc):
+        # The wait is inside the guard too: a SIGTERM while we wait must stop the child.
+        with _stopped_if_raised(proc):
             yield
-        _raise_if_failed(proc, err, argv, what, error)
+            _raise_if_failed(proc, err, argv, what, error)
 
 
 @contextlib.contextmanager
@@ -132,33 +173,71 @@ def streaming(*cmd: str | Path, what: str) -> Iterator[IO[bytes]]:
     with tempfile.TemporaryFile() as err:
         proc = _started(argv, subprocess.PIPE, err, child_env(), what, ProcessError)
         assert proc.stdin is not None, "BUG: a pipe was requested"
-        with _killed_if_raised(proc), contextlib.suppress(BrokenPipeError):
-            try:
-                yield proc.stdin
-            finally:
+        try:
+            with _stopped_if_raised(proc):
+                with contextlib.suppress(BrokenPipeError):
+                    yield proc.stdin
+                    proc.stdin.close()  # EOF only for a complete stream: on error, kill first
+                _raise_if_failed(proc, err, argv, what, ProcessError)
+        finally:
+            with contextlib.suppress(OSError):
                 proc.stdin.close()
-        _raise_if_failed(proc, err, argv, what, ProcessError)
 
 
 def _started(argv: tuple[str, ...], stdin: int, err: IO[bytes], env: dict[str, str], what: str,
              error: type[ProcessError]) -> subprocess.Popen[bytes]:
     """``argv`` started with its stderr to the file ``err`` and its stdout discarded."""
     try:
-        return subprocess.Popen(argv, stdin=stdin, stdout=subprocess.DEVNULL, stderr=err,
-                                env=env)
+        proc: subprocess.Popen[bytes] = _popen(argv, stdin=stdin, stdout=subprocess.DEVNULL,
+                                               stderr=err, env=env)
     except OSError as e:
         _not_started(argv, e, what, error)
+    return proc
+
+
+def _popen(argv: Sequence[str], **options: Any) -> subprocess.Popen[Any]:
+    """Every child's start: it inherits our locks (see :func:`inherited`)."""
+    if not _POSIX:
+        return subprocess.Popen(argv, **options)
+    return subprocess.Popen(argv, pass_fds=tuple(_inherited), **options)
 
 
 @contextlib.contextmanager
-def _killed_if_raised(proc: subprocess.Popen[bytes]) -> Iterator[None]:
-    """Kill and reap ``proc`` if the block raises: what it was doing is no longer wanted."""
+def inherited(fd: int) -> Iterator[None]:
+    """While the block runs, every child started inherits a duplicate of ``fd``.
+
+    ``lock.hold`` passes its lock's descriptor: the lock then lasts as long as the last process
+    that could write under it. A duplicate, not ``fd`` itself: filelock owns its descriptor
+    (and closes it in any child that runs Python after a fork); ours lives as long as the block.
+    """
+    dup = os.dup(fd)  # not inheritable: only children given it in pass_fds get it
+    _inherited.append(dup)
+    try:
+        yield
+    finally:
+        _inherited.remove(dup)
+        os.close(dup)
+
+
+@contextlib.contextmanager
+def _stopped_if_raised(proc: subprocess.Popen[Any]) -> Iterator[None]:
+    """Stop ``proc`` and its tree if the block raises: what it was doing is no longer wanted."""
     try:
         yield
     except BaseException:
-        proc.kill()
-        proc.wait()
+        _stop_tree(proc)
         raise
+
+
+def _stop_tree(proc: subprocess.Popen[Any]) -> None:
+    """SIGKILL ``proc`` and its descendants (uv and its build backends), reap it, and wait,
+    bounded, until they are gone: only then may the caller release the lock they worked under."""
+    if _PROC and proc.poll() is None:
+        from bootstrap.primitives import proctree
+        proctree.kill(proc.pid, reap=proc.wait)
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
 
 
 def _raise_if_failed(proc: subprocess.Popen[bytes], err: IO[bytes], argv: Sequence[str],

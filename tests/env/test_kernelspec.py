@@ -40,13 +40,16 @@ def spec_at(path: Path) -> dict[str, Any]:
     return data
 
 
-def test_install_ensures_then_writes_a_spec_that_runs_the_managed_interpreter(
+def test_install_ensures_then_writes_a_spec_that_starts_the_kernel_through_run(
         world: World, tmp_path: Path) -> None:
     out = install(world, "--prefix", str(tmp_path / "prefix"))
     path = tmp_path / "prefix" / "share" / "jupyter" / "kernels" / "kernel-bootstrap"
+    # The console script installed beside the interpreter running the CLI (python -m bootstrap
+    # here): an absolute path, so Jupyter's PATH does not matter.
+    script = Path(sys.executable).parent / "kernel-bootstrap"
     assert out == {"name": "kernel-bootstrap", "path": str(path),
-                   "argv": [str(world.python), "-m", "ipykernel_launcher", "-f",
-                            "{connection_file}"]}
+                   "argv": [str(script), "run", "--config", str(world.config), "--", "-m",
+                            "ipykernel_launcher", "-f", "{connection_file}"]}
     assert world.imports("ipykernel") and world.imports("alpha")
     spec = spec_at(path)
     assert spec["argv"] == out["argv"]
@@ -55,6 +58,30 @@ def test_install_ensures_then_writes_a_spec_that_runs_the_managed_interpreter(
     assert spec["metadata"] == {"kernel_bootstrap": {"config": str(world.config),
                                                      "venv": str(world.venv)}}
     assert sorted(p.name for p in path.iterdir()) == ["kernel.json"]
+
+
+def test_direct_writes_a_spec_that_starts_the_managed_interpreter_itself(
+        world: World, tmp_path: Path) -> None:
+    out = install(world, "--prefix", str(tmp_path), "--direct")
+    spec = spec_at(Path(out["path"]))
+    assert spec["argv"] == out["argv"] == [str(world.python), "-m", "ipykernel_launcher", "-f",
+                                           "{connection_file}"]
+    assert "env" not in spec
+
+
+def test_the_spec_carries_the_overrides_in_force_and_no_credentials(
+        world: World, tmp_path: Path) -> None:
+    venv = tmp_path / "elsewhere"
+    out = install(world, "--prefix", str(tmp_path), env={
+        "KERNEL_BOOTSTRAP_VENV": str(venv),
+        "KERNEL_BOOTSTRAP_SNAPSHOTS": "s3://alice:hunter2@bucket/envs",
+        "AWS_SECRET_ACCESS_KEY": "hunter2", "UV_INDEX_URL": "https://u:hunter2@index/simple",
+    })
+    text = (Path(out["path"]) / "kernel.json").read_text()
+    assert "hunter2" not in text
+    assert json.loads(text)["env"] == {"KERNEL_BOOTSTRAP_VENV": str(venv),
+                                       "KERNEL_BOOTSTRAP_UV": world.env["KERNEL_BOOTSTRAP_UV"],
+                                       "KERNEL_BOOTSTRAP_BATCH_BUILDS": "0"}
 
 
 def test_the_user_location_is_the_jupyter_data_dir(world: World, tmp_path: Path) -> None:

@@ -13,14 +13,20 @@ from testing.uvlog import Call, real_uv_shim
 from testing.world import World
 
 # An in-tree build backend: hatchling, except that building the editable hangs while a HANG
-# file sits in the project. It lets a test SIGKILL a real uv in the middle of a real build.
+# file sits in the project (and says so, with its pid, in HANGING). It lets a test SIGKILL a
+# real uv in the middle of a real build.
 HANG_BACKEND = '''
 import os, time
 from hatchling.build import *  # noqa: F403
 from hatchling.build import build_editable as _build_editable
 
 def build_editable(wheel_directory, config_settings=None, metadata_directory=None):
-    while os.path.exists(os.path.join(os.path.dirname(__file__), "HANG")):
+    here = os.path.dirname(__file__)
+    if os.path.exists(os.path.join(here, "HANG")):
+        with open(os.path.join(here, "HANGING.tmp"), "w") as f:
+            f.write(str(os.getpid()))
+        os.replace(os.path.join(here, "HANGING.tmp"), os.path.join(here, "HANGING"))
+    while os.path.exists(os.path.join(here, "HANG")):
         time.sleep(0.1)
     return _build_editable(wheel_directory, config_settings, metadata_directory)
 '''

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -96,3 +97,39 @@ def test_an_error_in_the_background_block_kills_the_child(tmp_path: Path) -> Non
         raise KeyboardInterrupt
     time.sleep(1.5)
     assert not marker.exists()
+
+
+# A child that started one of its own (as uv starts a build backend): `( ... ) &` is a subshell.
+_TREE = "(sleep 1.5; touch {marker}) & wait"
+
+
+def test_stopping_a_background_child_stops_what_it_started(tmp_path: Path) -> None:
+    marker = tmp_path / "grandchild-finished"
+    with pytest.raises(KeyboardInterrupt), \
+            process.background("sh", "-c", _TREE.format(marker=marker), what="x"):
+        time.sleep(0.3)  # the subshell is running
+        raise KeyboardInterrupt
+    time.sleep(2.0)
+    assert not marker.exists()
+
+
+def test_a_timed_out_child_is_stopped_with_what_it_started(tmp_path: Path) -> None:
+    marker = tmp_path / "grandchild-finished"
+    with pytest.raises(ProcessError, match="timed out"):
+        process.run("sh", "-c", _TREE.format(marker=marker), timeout=0.3, what="x")
+    time.sleep(2.0)
+    assert not marker.exists()
+
+
+def test_children_inherit_a_descriptor_only_while_it_is_inherited(tmp_path: Path) -> None:
+    path = tmp_path / "held"
+    path.write_text("")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        listing = "ls -l /proc/$$/fd"
+        with process.inherited(fd):
+            inside = process.run("sh", "-c", listing).stdout
+        outside = process.run("sh", "-c", listing).stdout
+    finally:
+        os.close(fd)
+    assert str(path) in inside and str(path) not in outside

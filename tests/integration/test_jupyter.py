@@ -1,0 +1,83 @@
+"""Kernels started by jupyter_client from the installed kernelspec, with the real uv and ipykernel:
+they go through ``kernel-bootstrap run``, so what changed since the install is there."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.conftest import RealWorld
+
+jupyter_client = pytest.importorskip("jupyter_client")
+
+
+@pytest.fixture
+def kernel_world(real: RealWorld, tmp_path: Path,
+                 monkeypatch: pytest.MonkeyPatch) -> Iterator[RealWorld]:
+    """A world whose runtime is ipykernel, with its kernelspec installed for the user (in a
+    Jupyter data dir of the test's, which jupyter_client then searches too)."""
+    real.write_config(requirements=["ipykernel>=6"])
+    real.skill("alpha")
+    data = tmp_path / "jupyter-data"
+    real.env["JUPYTER_DATA_DIR"] = str(data)
+    result = real.run("kernelspec", "install", "--json", timeout=600)
+    assert result.returncode == 0, result.stderr
+    monkeypatch.setenv("JUPYTER_DATA_DIR", str(data))
+    # jupyter_client starts the kernel with our environment plus the spec's env: make ours the
+    # world's (its uv, its caches).
+    for key, value in real.env.items():
+        monkeypatch.setenv(key, value)
+    yield real
+
+
+def run_in_kernel(code: str) -> tuple[dict[str, Any], str, int]:
+    """Start the installed kernel as Jupyter does, run ``code``, shut it down; return the
+    execute reply's content, what the kernel printed and the pid jupyter_client started."""
+    manager = jupyter_client.KernelManager(kernel_name="kernel-bootstrap")
+    manager.start_kernel()
+    launched = manager.provisioner.process.pid
+    client = manager.client()
+    client.start_channels()
+    printed: list[str] = []
+    try:
+        client.wait_for_ready(timeout=180)
+
+        def output(msg: dict[str, Any]) -> None:
+            if msg["msg_type"] == "stream":
+                printed.append(msg["content"]["text"])
+
+        reply = client.execute_interactive(code, timeout=60, output_hook=output)
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+    return reply["content"], "".join(printed), launched
+
+
+def test_the_kernelspec_starts_the_kernel_through_run(kernel_world: RealWorld) -> None:
+    spec = jupyter_client.kernelspec.KernelSpecManager().get_kernel_spec("kernel-bootstrap")
+    assert spec.argv[1:4] == ["run", "--config", str(kernel_world.config)]
+
+
+def test_a_skill_added_after_the_install_imports_in_a_kernel_jupyter_starts(
+        kernel_world: RealWorld) -> None:
+    kernel_world.skill("beta")
+    reply, printed, launched = run_in_kernel(
+        "import os, sys, alpha, beta; print(sys.prefix, beta.__name__, os.getpid())")
+    assert reply["status"] == "ok", reply
+    assert printed.split() == [str(kernel_world.venv), "beta", str(launched)]
+    assert kernel_world.status()["ready"] is True
+
+
+def test_a_kernel_still_starts_when_the_rebuild_fails_and_the_old_venv_is_usable(
+        kernel_world: RealWorld) -> None:
+    # A runtime requirement no index has: the rebuild fails; the old runtime starts instead.
+    kernel_world.write_config(requirements=["ipykernel>=6", "kb-no-such-package-anywhere==1"])
+    reply, printed, launched = run_in_kernel("import os, sys, alpha; print(sys.prefix, "
+                                             "os.getpid())")
+    assert reply["status"] == "ok", reply
+    assert printed.split() == [str(kernel_world.venv), str(launched)]
+    status = kernel_world.status()
+    assert status["runtime"] == "stale" and status["marker"] == "ok"
