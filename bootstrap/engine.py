@@ -14,7 +14,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from bootstrap import lock, log, process, progress, warm
+from bootstrap import lock, log, process, progress, skillmd, warm
 from bootstrap.config import Config
 from bootstrap.errors import BootstrapError, ConfigError, UvError
 from bootstrap.fs import remove_quietly, removed_on_failure
@@ -23,7 +23,6 @@ from bootstrap.marker import RuntimeRecord, SkillRecord, base_marker, marker_pat
 from bootstrap.readiness import Status, status
 from bootstrap.requirements import validate_requirements
 from bootstrap.results import Action, EnsureResult
-from bootstrap.skillmd import SKILL_FILE
 from bootstrap.sync import Riders, build_ahead, cached_riders, sync_skills
 from bootstrap.uv import Uv, make_uv
 from bootstrap.venv import (
@@ -57,6 +56,8 @@ def ensure(config: Config, *, lock_timeout: float = 300.0, force: bool = False,
     config_stamps = warm.stamps(_config_paths(config))
     venv_stamps = warm.stamps(_venv_paths(config))
     found = status(config)
+    # Once per full check (the warm path skips all of this until a skill changes).
+    skillmd.report((s.name, s.spec) for s in config.skills)
     if found.ready and not force and not reinstall:
         _remember(config, config_stamps + venv_stamps)
         return EnsureResult(found.python, config.venv, "ready")
@@ -143,7 +144,7 @@ def _config_paths(config: Config) -> list[str]:
         paths.append(config.lock)
     paths += config.watch
     for skill in config.skills:
-        paths += [skill.path, skill.path / SKILL_FILE, skill.pyproject]
+        paths += [skill.path, skill.path / skillmd.SKILL_FILE, skill.pyproject]
     return list(dict.fromkeys(str(p) for p in paths))
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from bootstrap import log
+from bootstrap import log, skillmd
 from bootstrap.config import Config
 from bootstrap.errors import BootstrapError
 from bootstrap.probe import probe, requirement_names, unmet_requirements
@@ -43,6 +43,7 @@ def ensure_override(config: Config) -> EnsureResult:
             log.warning("skill does not import in the override interpreter", skill=name,
                         error=error, python=str(python))
     failed = {n: e for n, e in found.import_errors.items() if e}
+    failed.update(skillmd.report((s.name, s.spec) for s in config.skills))
     return EnsureResult(python, _env_root(python), "override", failed=failed)
 
 

@@ -83,7 +83,7 @@ class PythonSkill:
     hash: str
     project: str  # canonical project name ("" when the pyproject is unusable)
     requires: frozenset[str]  # canonical names of its dependencies
-    problem: str = ""  # why it cannot be installed at all (invalid pyproject)
+    problem: str = ""  # why it cannot be installed at all (invalid pyproject or SKILL.md)
     # (build-backend, build requirements) when declared and not in-tree (no backend-path)
     build_system: tuple[str, tuple[str, ...]] | None = None
 
@@ -96,7 +96,8 @@ def load_python_skill(skill: Skill) -> PythonSkill:
     import tomllib
 
     digest = pyproject_hash(skill)
-    unusable = unusable_path_problem(skill.path)
+    # A skill no agent can load is not installed either (the sync reports it as failed).
+    unusable = skill.spec.problem or unusable_path_problem(skill.path)
     if unusable:
         return PythonSkill(skill, digest, "", frozenset(), unusable)
     try:

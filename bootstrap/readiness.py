@@ -10,7 +10,7 @@ submodule of that name would replace it as the package's attribute once imported
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -18,6 +18,7 @@ from bootstrap.config import Config, Skill
 from bootstrap.identity import describe_change, identity_of, runtime_inputs
 from bootstrap.marker import MarkerRead, read_marker
 from bootstrap.python_skill import pyproject_state
+from bootstrap.skillmd import Checked
 from bootstrap.venv import interpreter, python_version
 
 RuntimeState = Literal["current", "stale", "missing"]
@@ -30,6 +31,8 @@ class SkillStatus:
     python: bool
     state: SkillState
     error: str | None = None
+    # Advisory rules of the Agent Skills spec its SKILL.md breaks (it still loads).
+    warnings: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,19 @@ def _runtime_state(config: Config, marker: MarkerRead,
 
 def _skill_status(skill: Skill, is_python: bool, digest: str, recorded: dict[str, Any],
                   failed: dict[str, Any]) -> SkillStatus:
+    spec = skill.spec
+    if spec.errors:  # no agent can load it: failed, whatever is installed
+        return SkillStatus(skill.name, is_python, "failed", spec.problem, _warnings(spec))
+    state = _install_state(skill, is_python, digest, recorded, failed)
+    return replace(state, warnings=_warnings(spec)) if spec.warnings else state
+
+
+def _warnings(spec: Checked) -> tuple[str, ...]:
+    return tuple(map(str, spec.warnings))
+
+
+def _install_state(skill: Skill, is_python: bool, digest: str, recorded: dict[str, Any],
+                   failed: dict[str, Any]) -> SkillStatus:
     name, path = skill.name, str(skill.path)
     if not is_python:
         return SkillStatus(name, False, "installed")

@@ -222,8 +222,11 @@ def sync_skills(config: Config, uv: Uv, runtime: RuntimeRecord,
     marker = read_marker(config.venv).data
     recorded = marker["skills"] if marker else {}
     _remove_unconfigured(sync, recorded)
-    pending = [s for s in sync.skills.values()
-               if s.name in reinstall or not _is_recorded(s, recorded)]
+    # SKILL.md no agent can load (ensure has logged why): failed, and a Python one is not
+    # installed; neither stops the others.
+    sync.outcome.failed.update({s.name: s.spec.problem for s in config.skills if s.spec.errors})
+    pending = [s for s in sync.skills.values() if s.name not in sync.outcome.failed
+               and (s.name in reinstall or not _is_recorded(s, recorded))]
     for skill in [s for s in pending if s.problem]:
         sync.fail(skill, skill.problem)
     pending = [s for s in pending if not s.problem]

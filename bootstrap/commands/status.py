@@ -89,8 +89,8 @@ def status_dict(found: Status, held: LockInfo) -> dict[str, Any]:
         "marker": found.marker.state,
         "runtime": found.runtime,
         "why": found.why,
-        "skills": [{"name": s.name, "python": s.python, "state": s.state, "error": s.error}
-                   for s in found.skills],
+        "skills": [{"name": s.name, "python": s.python, "state": s.state, "error": s.error,
+                    "warnings": list(s.warnings)} for s in found.skills],
         "stray": list(found.stray),
         "lock": {"held": held.held, "pid": held.pid},
     }
@@ -113,6 +113,7 @@ def render(found: Status, held: LockInfo) -> str:
             kind = "python" if s.python else "plain"
             error = f"  {s.error.splitlines()[-1]}" if s.error else ""
             lines.append(f"  {s.name:<{width}}  {s.state:<9}  {kind}{error}")
+            lines += [f"  {'':<{width}}  warning: {w}" for w in s.warnings]
     for name in found.stray:
         lines.append(f"  {name}  recorded but no longer configured (ensure uninstalls it)")
     verdict = "yes" if found.ready else f"no; run `kernel-bootstrap {_next(found)}`"
