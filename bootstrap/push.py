@@ -30,10 +30,12 @@ __all__ = ["PushReport", "Runtime", "load_trees", "push", "push_sync"]
 
 
 async def push(
-    sources: Sequence[Path], dest: str, runtimes: Sequence[Runtime], jobs: int = 8
+    sources: Sequence[Path], dest: str, runtimes: Sequence[Runtime], jobs: int = 8, *,
+    prune: bool = False,
 ) -> list[PushReport]:
     """Push every skill in ``sources`` into ``dest`` of every runtime; one report per runtime,
-    in the order given.
+    in the order given. ``prune``: each runtime then removes the skills pushed into ``dest``
+    earlier that ``sources`` no longer has (see :class:`~bootstrap.runtimes.Runtime`).
 
     Raises :class:`SkillError` / :class:`ConfigError` (exit 2) before anything is sent; a
     runtime that fails is reported with ``ok=False`` rather than raised.
@@ -44,16 +46,17 @@ async def push(
 
     async def one(runtime: Runtime) -> PushReport:
         async with limit:
-            return await _push_one(runtime, trees, dest)
+            return await _push_one(runtime, trees, dest, prune)
 
     return list(await asyncio.gather(*(one(r) for r in runtimes)))
 
 
 def push_sync(
-    sources: Sequence[Path], dest: str, runtimes: Sequence[Runtime], jobs: int = 8
+    sources: Sequence[Path], dest: str, runtimes: Sequence[Runtime], jobs: int = 8, *,
+    prune: bool = False,
 ) -> list[PushReport]:
     """:func:`push` for callers without an event loop."""
-    return asyncio.run(push(sources, dest, runtimes, jobs))
+    return asyncio.run(push(sources, dest, runtimes, jobs, prune=prune))
 
 
 def load_trees(sources: Sequence[Path]) -> list[SkillTree]:
@@ -90,10 +93,14 @@ def _check_readable(tree: SkillTree) -> None:
             raise SkillError(f"skill {tree.name!r}: {e.path}: permission denied")
 
 
-async def _push_one(runtime: Runtime, trees: Sequence[SkillTree], dest: str) -> PushReport:
+async def _push_one(runtime: Runtime, trees: Sequence[SkillTree], dest: str,
+                    prune: bool) -> PushReport:
     start = time.monotonic()
     try:
-        report = await runtime.push(trees, dest)
+        # Without --prune, called as the Runtime protocol always was: a harness's own runtime
+        # need not know the keyword.
+        report = await (runtime.push(trees, dest, prune=True) if prune
+                        else runtime.push(trees, dest))
     except (BootstrapError, OSError) as e:
         # A ProcessError already names the runtime in its first line; anything else gets it.
         message = str(e) if isinstance(e, ProcessError) else f"push to {runtime.name} failed: {e}"

@@ -27,8 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Protocol, TypedDict
 
-from bootstrap import process, tar
+from bootstrap import log, process, tar
 from bootstrap.errors import BootstrapError, ConfigError
+from bootstrap.skillmd import unsafe_name
 from bootstrap.skilltree import SkillTree
 
 LOCAL: Final = "local"
@@ -50,6 +51,7 @@ class ReportJSON(TypedDict):
     dest: str
     ok: bool
     skills: list[dict[str, str]]
+    removed: list[str]
     error: str | None
 
 
@@ -62,24 +64,29 @@ class PushReport:
     ok: bool
     skills: tuple[PushedSkill, ...] = ()
     error: str | None = None
+    removed: tuple[str, ...] = ()  # skills pruned (``push --prune``)
 
     def to_json(self) -> ReportJSON:
         skills = [{"name": s.name, "path": s.path} for s in self.skills]
         return {"runtime": self.runtime, "dest": self.dest, "ok": self.ok, "skills": skills,
-                "error": self.error}
+                "removed": list(self.removed), "error": self.error}
 
 
 class Runtime(Protocol):
     """A place skill trees are pushed into.
 
     ``push`` receives trees that are already validated and free of collisions; it returns a
-    report on success and raises :class:`~bootstrap.errors.BootstrapError` on failure.
+    report on success and raises :class:`~bootstrap.errors.BootstrapError` on failure. For
+    ``push --prune`` it is called with ``prune=True`` as well (only then: a runtime that does not
+    take it can still serve pushes without it), and then removes the skills it put into DEST
+    earlier that ``trees`` no longer has, listing them in the report's ``removed``.
     """
 
     @property
     def name(self) -> str: ...
 
-    async def push(self, trees: Sequence[SkillTree], dest: str) -> PushReport: ...
+    async def push(self, trees: Sequence[SkillTree], dest: str, *,
+                   prune: bool = False) -> PushReport: ...
 
 
 def runtime_for(exec_prefix: str | None) -> Runtime:
@@ -100,14 +107,16 @@ class LocalRuntime:
     name: str = LOCAL
     lock_timeout: float = 600.0
 
-    async def push(self, trees: Sequence[SkillTree], dest: str) -> PushReport:
+    async def push(self, trees: Sequence[SkillTree], dest: str, *,
+                   prune: bool = False) -> PushReport:
         from bootstrap.publish import publish_trees
 
         # publish is blocking file I/O: a thread keeps the other runtimes' streams flowing.
-        results = await asyncio.to_thread(publish_trees, trees, Path(dest).expanduser(),
-                                          lock_timeout=self.lock_timeout)
+        results, pruned = await asyncio.to_thread(
+            lambda: publish_trees(trees, Path(dest).expanduser(), lock_timeout=self.lock_timeout,
+                                  prune=prune))
         skills = tuple(PushedSkill(r.name, str(r.path)) for r in results)
-        return PushReport(self.name, dest, ok=True, skills=skills)
+        return PushReport(self.name, dest, ok=True, skills=skills, removed=pruned.removed)
 
 
 # --- exec -------------------------------------------------------------------------------------
@@ -133,11 +142,12 @@ class ExecRuntime:
     def name(self) -> str:
         return shlex.join(self.argv)
 
-    async def push(self, trees: Sequence[SkillTree], dest: str) -> PushReport:
+    async def push(self, trees: Sequence[SkillTree], dest: str, *,
+                   prune: bool = False) -> PushReport:
         target = remote_dest(dest)
         token = secrets.token_hex(4)
         names = [t.name for t in trees]
-        script = remote_script(target, names, token)
+        script = remote_script(target, names, token, prune=prune)
         shown = (*self.argv, "sh", "-c", "<push script>")  # the script itself is noise in errors
         what = f"push to {self.name} failed"
         stdout = await process.feed(self.command(script), tar_stream(trees), shown, what)
@@ -149,7 +159,11 @@ class ExecRuntime:
                 f"command's exit status on?\n  command: {shlex.join(shown)}"
             )
         skills = tuple(PushedSkill(n, posixpath.join(target, n)) for n in names)
-        return PushReport(self.name, dest, ok=True, skills=skills)
+        removed = _said(stdout, "kb-push-removed")
+        for name in _said(stdout, "kb-push-kept"):
+            log.info(f"kept {posixpath.join(target, name)} in {self.name}: not put there by "
+                     "kernel-bootstrap")
+        return PushReport(self.name, dest, ok=True, skills=skills, removed=removed)
 
     def command(self, script: str) -> tuple[str, ...]:
         """``PREFIX sh -c SCRIPT``, quoted once more for prefixes that go through a shell."""
@@ -158,6 +172,14 @@ class ExecRuntime:
             # shell, which would split SCRIPT into words: hand it one pre-quoted line instead.
             return (*self.argv, shlex.join(["sh", "-c", script]))
         return (*self.argv, "sh", "-c", script)
+
+
+def _said(stdout: str, tag: str) -> tuple[str, ...]:
+    """The skill names the script reported on lines ``TAG NAME`` (only names we could have
+    pushed: the sandbox's output is not ours to trust)."""
+    names = (line.removeprefix(f"{tag} ") for line in stdout.splitlines()
+             if line.startswith(f"{tag} "))
+    return tuple(n for n in names if unsafe_name(n) is None)
 
 
 def remote_dest(dest: str) -> str:
@@ -224,12 +246,14 @@ if mkdir "$parent/.$base.kb-push.$token.$$" 2>/dev/null; then
 fi
 if [ -n "$stage" ] && same_mount; then
   lock="$parent/.$base.kb-push-lock"
+  record="$parent/.$base.kb-record"
 else
   if [ -n "$stage" ]; then rm -rf "$stage"; fi
   stage=
   mkdir "$dest/.kb-push.$token.$$" || fail "cannot create a staging directory in $dest"
   stage="$dest/.kb-push.$token.$$"
   lock="$dest/.kb-push-lock"
+  record="$dest/.kb-record"
 fi
 mkdir "$stage/new" "$stage/old" || fail "cannot create $stage"
 hint="(docker and kubectl need -i to pass the stream on stdin)"
@@ -279,16 +303,59 @@ for name in @NAMES@; do
     fail "cannot move $name into $dest"
   fi
 done
+@RECORD@
 cleanup
 echo "kb-push-ok $token"
 """
 
+# The record of what pushes put into DEST (one name a line, beside the lock; read under it),
+# and --prune by it: a recorded skill not in the set is moved out of DEST in one rename (a
+# reader sees it whole or not at all), and DEST's other entries are only named (kept). The
+# record is read as untrusted text: only a regular file, only lines that are skill names. It is
+# replaced in one rename after the removals; a push killed in between leaves recorded names
+# whose trees are gone, which the next one drops.
+_RECORD: Final = r"""in_set() { for n in @NAMES@; do [ "$n" = "$1" ] && return 0; done; return 1; }
+recorded=
+if [ -f "$record" ] && [ ! -L "$record" ]; then
+  recorded=$(cat "$record" 2>/dev/null) || recorded=
+fi
+: > "$stage/record" || fail "cannot write $stage/record"
+printf '%s
+' "$recorded" | while IFS= read -r name; do
+  case $name in ''|.*|*/*|*[!a-z0-9._-]*) continue ;; esac
+  in_set "$name" && continue
+  [ -d "$dest/$name" ] && [ ! -L "$dest/$name" ] || continue
+  if [ -n "$prune" ] && mv "$dest/$name" "$stage/old/$name"; then
+    echo "kb-push-removed $name"
+  else
+    printf '%s
+' "$name" >> "$stage/record"
+  fi
+done
+for name in @NAMES@; do printf '%s
+' "$name" >> "$stage/record"; done
+# mv onto a directory would move the file into it: a directory planted there is left alone.
+if [ -d "$record" ] || ! mv -f "$stage/record" "$record"; then
+  say "could not update $record; a later --prune keeps what it does not find there"
+fi
+if [ -n "$prune" ]; then
+  for path in "$dest"/*; do
+    [ -e "$path" ] || [ -L "$path" ] || continue
+    name=${path##*/}
+    in_set "$name" || echo "kb-push-kept $name"
+  done
+fi"""
 
-def remote_script(dest: str, names: Sequence[str], token: str) -> str:
-    """The script run as ``sh -c``: extract the stream into staging, rename each skill in."""
+
+def remote_script(dest: str, names: Sequence[str], token: str, *, prune: bool = False) -> str:
+    """The script run as ``sh -c``: extract the stream into staging, rename each skill in,
+    keep the record of what pushes put there (and with ``prune``, remove what it no longer
+    names)."""
     words = " ".join(shlex.quote(n) for n in names)
-    body = _SCRIPT.replace("@NAMES@", words).replace("@MARKER@", COMPLETE_MARKER)
-    return f"dest={_sh_path(dest)}\ntoken={shlex.quote(token)}\n{body}"
+    body = (_SCRIPT.replace("@RECORD@", _RECORD).replace("@NAMES@", words)
+            .replace("@MARKER@", COMPLETE_MARKER))
+    return (f"dest={_sh_path(dest)}\ntoken={shlex.quote(token)}\nprune={'1' if prune else ''}\n"
+            f"{body}")
 
 
 # --- the tar stream ---------------------------------------------------------------------------
