@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Protocol, TypedDict
 
-from bootstrap import log, process, tar
+from bootstrap import log, process, pushrecord, tar
 from bootstrap.errors import BootstrapError, ConfigError
 from bootstrap.skillmd import unsafe_name
 from bootstrap.skilltree import SkillTree
@@ -127,6 +127,9 @@ class ExecRuntime:
     """Any command prefix that runs a command in the target with our stdin attached."""
 
     argv: tuple[str, ...]
+    # How long the script's report of what it holds may take before everything is sent
+    # anyway (a transport that holds stdout back until the end never answers in time).
+    answer_timeout: float = 15.0
 
     @classmethod
     def from_prefix(cls, prefix: str) -> ExecRuntime:
@@ -150,7 +153,22 @@ class ExecRuntime:
         script = remote_script(target, names, token, prune=prune)
         shown = (*self.argv, "sh", "-c", "<push script>")  # the script itself is noise in errors
         what = f"push to {self.name} failed"
-        stdout = await process.feed(self.command(script), tar_stream(trees), shown, what)
+        digests = dict(zip(names, await asyncio.gather(
+            *(asyncio.to_thread(pushrecord.push_digest, t) for t in trees)), strict=True))
+        sent: list[str] = []
+
+        def answer(line: str | None) -> Iterator[bytes]:
+            # Only what the sandbox does not hold intact goes (a changed file: that skill).
+            have = pushrecord.held(line, token)
+            changed = [t for t in trees if have.get(t.name) != digests[t.name]]
+            sent.extend(t.name for t in changed)
+            return tar_stream(changed, manifest=pushrecord.manifest(digests))
+
+        stdout = await process.feed(self.command(script), answer, shown, what,
+                                    ask=f"{pushrecord.HELD} {token}",
+                                    ask_timeout=self.answer_timeout)
+        log.debug("pushed", runtime=self.name, sent=sent,
+                  unchanged=[n for n in names if n not in sent])
         if f"kb-push-ok {token}" not in stdout:
             # Exit 0 without the script's last line: the prefix lost the exit status (or ran
             # something else). Claiming success here would hide a sandbox without skills.
@@ -209,6 +227,7 @@ stage=
 probe=
 lock=
 held=
+have=
 say() { printf 'kernel-bootstrap push: %s\n' "$*" >&2; }
 cleanup() {
   if [ -n "$held" ]; then rm -rf "$lock"; held=; fi
@@ -256,12 +275,6 @@ else
   record="$dest/.kb-record"
 fi
 mkdir "$stage/new" "$stage/old" || fail "cannot create $stage"
-hint="(docker and kubectl need -i to pass the stream on stdin)"
-tar -x -p -o -f - -C "$stage/new" || fail "tar could not unpack the stream $hint"
-[ -f "$stage/new/@MARKER@" ] || fail "the stream ended early; nothing was changed $hint"
-for name in @NAMES@; do
-  [ -d "$stage/new/$name" ] || fail "skill $name is missing from the stream"
-done
 # Pushes into one DEST take turns for the renames: with two at once, one's `mv new/NAME
 # DEST/NAME` moved INTO the tree the other had just put there (DEST/NAME/NAME). mkdir is the
 # one atomic test-and-set every sh has; the holder's pid inside lets a waiter break the lock
@@ -276,25 +289,40 @@ break_lock() {
     mv "$stage/dead-lock" "$lock" 2>/dev/null
   fi
 }
-waits=0
-until mkdir "$lock" 2>/dev/null; do
-  owner=$(cat "$lock/pid" 2>/dev/null) || owner=
-  case $owner in
-    ''|*[!0-9]*) ;;
-    *) if ! kill -0 "$owner" 2>/dev/null; then break_lock "$owner"; continue; fi ;;
+take_lock() {
+  waits=0
+  until mkdir "$lock" 2>/dev/null; do
+    owner=$(cat "$lock/pid" 2>/dev/null) || owner=
+    case $owner in
+      ''|*[!0-9]*) ;;
+      *) if ! kill -0 "$owner" 2>/dev/null; then break_lock "$owner"; continue; fi ;;
+    esac
+    waits=$((waits + 1))
+    [ "$waits" -le 3000 ] ||
+      fail "another push has held $lock for minutes; if no push is running, remove it"
+    sleep 0.1 2>/dev/null || sleep 1
+  done
+  held=1
+  echo "$$" > "$lock/pid"
+}
+@REPORT@
+hint="(docker and kubectl need -i to pass the stream on stdin)"
+tar -x -p -o -f - -C "$stage/new" || fail "tar could not unpack the stream $hint"
+[ -f "$stage/new/@MARKER@" ] || fail "the stream ended early; nothing was changed $hint"
+for name in @NAMES@; do
+  [ -d "$stage/new/$name" ] || case " $have " in
+    *" $name="*) ;;
+    *) fail "skill $name is missing from the stream" ;;
   esac
-  waits=$((waits + 1))
-  [ "$waits" -le 3000 ] ||
-    fail "another push has held $lock for minutes; if no push is running, remove it"
-  sleep 0.1 2>/dev/null || sleep 1
 done
-held=1
-echo "$$" > "$lock/pid"
-# Each skill: old tree aside, new tree in (sh has no renameat2). Between the two renames
+[ -n "$held" ] || take_lock
+# Each skill sent: old tree aside, new tree in (sh has no renameat2). Between the two renames
 # DEST/name is absent for an instant; it never names a half-written tree. Signals are ignored
-# from here on, so a dropped connection cannot stop us between the two renames.
+# from here on, so a dropped connection cannot stop us between the two renames. A skill not
+# sent is the tree DEST already holds, as reported above under this same lock.
 trap '' HUP INT TERM PIPE
 for name in @NAMES@; do
+  [ -d "$stage/new/$name" ] || continue
   if [ -e "$dest/$name" ] || [ -L "$dest/$name" ]; then
     mv "$dest/$name" "$stage/old/$name" || fail "cannot move the old $dest/$name aside"
   fi
@@ -302,58 +330,20 @@ for name in @NAMES@; do
     if [ -e "$stage/old/$name" ]; then mv "$stage/old/$name" "$dest/$name"; fi
     fail "cannot move $name into $dest"
   fi
+  sent="$sent $name"
 done
 @RECORD@
 cleanup
 echo "kb-push-ok $token"
 """
 
-# The record of what pushes put into DEST (one name a line, beside the lock; read under it),
-# and --prune by it: a recorded skill not in the set is moved out of DEST in one rename (a
-# reader sees it whole or not at all), and DEST's other entries are only named (kept). The
-# record is read as untrusted text: only a regular file, only lines that are skill names. It is
-# replaced in one rename after the removals; a push killed in between leaves recorded names
-# whose trees are gone, which the next one drops.
-_RECORD: Final = r"""in_set() { for n in @NAMES@; do [ "$n" = "$1" ] && return 0; done; return 1; }
-recorded=
-if [ -f "$record" ] && [ ! -L "$record" ]; then
-  recorded=$(cat "$record" 2>/dev/null) || recorded=
-fi
-: > "$stage/record" || fail "cannot write $stage/record"
-printf '%s
-' "$recorded" | while IFS= read -r name; do
-  case $name in ''|.*|*/*|*[!a-z0-9._-]*) continue ;; esac
-  in_set "$name" && continue
-  [ -d "$dest/$name" ] && [ ! -L "$dest/$name" ] || continue
-  if [ -n "$prune" ] && mv "$dest/$name" "$stage/old/$name"; then
-    echo "kb-push-removed $name"
-  else
-    printf '%s
-' "$name" >> "$stage/record"
-  fi
-done
-for name in @NAMES@; do printf '%s
-' "$name" >> "$stage/record"; done
-# mv onto a directory would move the file into it: a directory planted there is left alone.
-if [ -d "$record" ] || ! mv -f "$stage/record" "$record"; then
-  say "could not update $record; a later --prune keeps what it does not find there"
-fi
-if [ -n "$prune" ]; then
-  for path in "$dest"/*; do
-    [ -e "$path" ] || [ -L "$path" ] || continue
-    name=${path##*/}
-    in_set "$name" || echo "kb-push-kept $name"
-  done
-fi"""
-
-
 def remote_script(dest: str, names: Sequence[str], token: str, *, prune: bool = False) -> str:
     """The script run as ``sh -c``: extract the stream into staging, rename each skill in,
     keep the record of what pushes put there (and with ``prune``, remove what it no longer
     names)."""
     words = " ".join(shlex.quote(n) for n in names)
-    body = (_SCRIPT.replace("@RECORD@", _RECORD).replace("@NAMES@", words)
-            .replace("@MARKER@", COMPLETE_MARKER))
+    body = (_SCRIPT.replace("@REPORT@", pushrecord.REPORT).replace("@RECORD@", pushrecord.RECORD)
+            .replace("@NAMES@", words).replace("@MARKER@", COMPLETE_MARKER))
     return (f"dest={_sh_path(dest)}\ntoken={shlex.quote(token)}\nprune={'1' if prune else ''}\n"
             f"{body}")
 
@@ -361,14 +351,15 @@ def remote_script(dest: str, names: Sequence[str], token: str, *, prune: bool = 
 # --- the tar stream ---------------------------------------------------------------------------
 
 
-def tar_stream(trees: Sequence[SkillTree], chunk: int = CHUNK) -> Iterator[bytes]:
+def tar_stream(trees: Sequence[SkillTree], chunk: int = CHUNK, *,
+               manifest: bytes = b"") -> Iterator[bytes]:
     """An uncompressed tar of every tree (each under its name), in pieces of about ``chunk``,
-    ending with :data:`COMPLETE_MARKER`. Memory stays bounded by ``chunk`` whatever the file
-    sizes: contents are read while the stream is consumed."""
-    return tar.coalesce(_members(trees, chunk), chunk)
+    ending with :data:`COMPLETE_MARKER` (holding ``manifest``). Memory stays bounded by
+    ``chunk`` whatever the file sizes: contents are read while the stream is consumed."""
+    return tar.coalesce(_members(trees, chunk, manifest), chunk)
 
 
-def _members(trees: Sequence[SkillTree], chunk: int) -> Iterator[bytes]:
+def _members(trees: Sequence[SkillTree], chunk: int, manifest: bytes) -> Iterator[bytes]:
     for tree in trees:
         st = os.stat(tree.root)
         yield tar.header(tree.name, "dir", stat.S_IMODE(st.st_mode), st.st_mtime_ns)
@@ -377,5 +368,5 @@ def _members(trees: Sequence[SkillTree], chunk: int) -> Iterator[bytes]:
                              e.target)
             if e.kind == "file":
                 yield from tar.file_data(e.path, e.size, chunk)
-    yield tar.header(COMPLETE_MARKER, "file", 0o644, 0)
+    yield pushrecord.member(COMPLETE_MARKER, manifest)
     yield tar.END

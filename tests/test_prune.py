@@ -183,8 +183,8 @@ def test_exec_push_prune_reads_its_record_as_untrusted_text(
     (tmp_path / "victim" / "SKILL.md").write_text("precious\n")
     make_skill(dest, "by-hand")
     record = tmp_path / ".dest.kb-record"
-    assert record.read_text() == "alpha\n"
-    record.write_text("alpha\n../victim\n.hidden\nby hand\n/etc\n*\n")
+    assert [line.split()[0] for line in record.read_text().splitlines()] == ["alpha"]
+    record.write_text(record.read_text() + "../victim\n.hidden\nby hand\n/etc\n*\n")
     capsys.readouterr()
     assert main(["push", str(src / "alpha"), "--dest", str(dest), "--exec", "env", "--prune",
                  "--json"]) == 0
@@ -208,9 +208,9 @@ def test_an_exec_record_naming_a_tree_already_gone_is_dropped(
     assert main(["push", sources[0], "--dest", str(dest), "--exec", "env", "--prune",
                  "--json"]) == 0
     (report,) = json.loads(capsys.readouterr().out)["runtimes"]
-    assert before == "alpha\nbeta\ngamma\n"
+    assert [line.split()[0] for line in before.splitlines()] == ["alpha", "beta", "gamma"]
     assert report["removed"] == ["gamma"] and os.listdir(dest) == ["alpha"]
-    assert record.read_text() == "alpha\n"
+    assert [line.split()[0] for line in record.read_text().splitlines()] == ["alpha"]
 
 
 @needs_busybox
@@ -224,4 +224,5 @@ def test_exec_push_prune_under_busybox(tmp_path: Path, src: Path) -> None:
     assert report.ok, report.error
     assert report.removed == ("beta",)
     assert sorted(os.listdir(dest)) == ["alpha", "by-hand"]
-    assert (tmp_path / ".dest.kb-record").read_text() == "alpha\n"
+    record = (tmp_path / ".dest.kb-record").read_text()
+    assert [line.split()[0] for line in record.splitlines()] == ["alpha"]

@@ -419,8 +419,8 @@ def test_interrupt_mid_stream_stops_the_runtime_and_changes_nothing(
     make_skill(dest, "tool", {"v.txt": "old"})
     real_stream = runtimes.tar_stream
 
-    def interrupted(trees: Sequence[SkillTree]) -> Iterator[bytes]:
-        for i, data in enumerate(real_stream(trees, chunk=65536)):
+    def interrupted(trees: Sequence[SkillTree], *, manifest: bytes) -> Iterator[bytes]:
+        for i, data in enumerate(real_stream(trees, chunk=65536, manifest=manifest)):
             if i == 5:
                 raise _Interrupt
             yield data
