@@ -98,22 +98,33 @@ hasher=
 for tool in cksum md5sum sha1sum sha256sum; do
   if command -v "$tool" >/dev/null 2>&1; then hasher=$tool; break; fi
 done
+# The checksum of the tar of the named trees of DEST ("" without a tool; a tar that fails sums
+# differently every time, so it never matches).
 treesum() {
   [ -n "$hasher" ] || return 0
-  set -- $( { (cd "$dest" && tar -c -f - "$1" 2>/dev/null) || echo "failed $$"; } |
+  set -- $( { tar -c -f - -C "$dest" "$@" 2>/dev/null || echo "failed $$"; } |
     "$hasher" 2>/dev/null)
   [ $# -ge 2 ] && echo "$hasher.$1.$2"
 }
 recorded=
 sent=
+whole=
 if [ -f "$record" ] && [ ! -L "$record" ]; then
   take_lock
   recorded=$(cat "$record" 2>/dev/null) || recorded=
+  # The usual case first: the same set, all of it intact, told by one tar of the whole set
+  # against the sum of it the last push recorded (line "* SUM"); else skill by skill.
+  whole=$(printf '%s\n' "$recorded" | while read -r n d s rest; do
+    if [ "$n" = "*" ]; then echo "$s"; break; fi
+  done)
+  intact=
+  if [ -n "$whole" ] && [ "$(treesum @NAMES@)" = "$whole" ]; then intact=1; fi
   have=$(printf '%s\n' "$recorded" | while read -r name digest sum rest; do
     valid_name "$name" && in_set "$name" || continue
     case $digest in sha256:*[!0-9a-f]*|sha256:) continue ;; sha256:*) ;; *) continue ;; esac
     [ -d "$dest/$name" ] && [ ! -L "$dest/$name" ] && [ -n "$sum" ] || continue
-    [ "$(treesum "$name")" = "$sum" ] && printf ' %s=%s' "$name" "$digest"
+    [ -n "$intact" ] || [ "$(treesum "$name")" = "$sum" ] || continue
+    printf ' %s=%s' "$name" "$digest"
   done)
 fi
 echo "kb-push-held $token$have"
@@ -135,19 +146,20 @@ printf '%s\n' "$recorded" | while read -r name rest; do
     printf '%s %s\n' "$name" "$rest" >> "$stage/record"
   fi
 done
-recorded_sum() {
-  printf '%s\n' "$recorded" | while read -r n d s rest; do
-    [ "$n" = "$1" ] && { echo "$s"; break; }
-  done
-}
+# Kept skills keep their lines (they were not sent because the digest there is the one the
+# client has); each skill sent gets the manifest's digest and the sum of the tree as it landed.
+printf '%s\n' "$recorded" | while read -r name digest sum rest; do
+  valid_name "$name" && in_set "$name" || continue
+  case " $sent " in *" $name "*) continue ;; esac
+  printf '%s %s %s\n' "$name" "$digest" "$sum"
+done >> "$stage/record"
 while read -r name digest; do
   valid_name "$name" && in_set "$name" || continue
-  case " $sent " in
-    *" $name "*) sum=$(treesum "$name") || sum= ;;
-    *) sum=$(recorded_sum "$name") ;;
-  esac
-  printf '%s %s %s\n' "$name" "$digest" "$sum" >> "$stage/record"
+  case " $sent " in *" $name "*) ;; *) continue ;; esac
+  printf '%s %s %s\n' "$name" "$digest" "$(treesum "$name")" >> "$stage/record"
 done < "$stage/new/@MARKER@"
+if [ -z "$sent" ] && [ -n "$whole" ]; then sum=$whole; else sum=$(treesum @NAMES@); fi
+printf '* - %s\n' "$sum" >> "$stage/record"
 # mv onto a directory would move the file into it: a directory planted there is left alone.
 if [ -d "$record" ] || ! mv -f "$stage/record" "$record"; then
   say "could not update $record; the next push sends every skill again"

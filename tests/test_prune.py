@@ -29,6 +29,11 @@ def publish(capsys: pytest.CaptureFixture[str], root: Path, *sources: Path,
     return code, json.loads(out) if out else {}, err
 
 
+def names(record: str) -> list[str]:
+    """The skills a push record names (its "*" line is the sum of the whole set)."""
+    return [line.split()[0] for line in record.splitlines() if not line.startswith("* ")]
+
+
 @pytest.fixture
 def src(tmp_path: Path) -> Path:
     for name in ("alpha", "beta", "gamma"):
@@ -183,7 +188,7 @@ def test_exec_push_prune_reads_its_record_as_untrusted_text(
     (tmp_path / "victim" / "SKILL.md").write_text("precious\n")
     make_skill(dest, "by-hand")
     record = tmp_path / ".dest.kb-record"
-    assert [line.split()[0] for line in record.read_text().splitlines()] == ["alpha"]
+    assert names(record.read_text()) == ["alpha"]
     record.write_text(record.read_text() + "../victim\n.hidden\nby hand\n/etc\n*\n")
     capsys.readouterr()
     assert main(["push", str(src / "alpha"), "--dest", str(dest), "--exec", "env", "--prune",
@@ -208,9 +213,9 @@ def test_an_exec_record_naming_a_tree_already_gone_is_dropped(
     assert main(["push", sources[0], "--dest", str(dest), "--exec", "env", "--prune",
                  "--json"]) == 0
     (report,) = json.loads(capsys.readouterr().out)["runtimes"]
-    assert [line.split()[0] for line in before.splitlines()] == ["alpha", "beta", "gamma"]
+    assert names(before) == ["alpha", "beta", "gamma"]
     assert report["removed"] == ["gamma"] and os.listdir(dest) == ["alpha"]
-    assert [line.split()[0] for line in record.read_text().splitlines()] == ["alpha"]
+    assert names(record.read_text()) == ["alpha"]
 
 
 @needs_busybox
@@ -225,4 +230,4 @@ def test_exec_push_prune_under_busybox(tmp_path: Path, src: Path) -> None:
     assert report.removed == ("beta",)
     assert sorted(os.listdir(dest)) == ["alpha", "by-hand"]
     record = (tmp_path / ".dest.kb-record").read_text()
-    assert [line.split()[0] for line in record.splitlines()] == ["alpha"]
+    assert names(record) == ["alpha"]

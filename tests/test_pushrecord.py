@@ -13,40 +13,11 @@ import pytest
 from bootstrap.push import push_sync
 from bootstrap.pushrecord import held
 from bootstrap.runtimes import ExecRuntime
+from testing.counting import Counted
 from testing.skills import make_skill
 from tests.test_runtimes import busybox_runtime, needs_busybox
 
 DIGEST = "sha256:" + "ab" * 32
-
-
-class Counted:
-    """An exec prefix that logs each call and keeps every byte sent on its stdin: ``inner``
-    with its command replaced by a wrapper of the same name (so that ``ssh`` is still seen
-    as ssh), which tees its stdin into a file per call."""
-
-    def __init__(self, tmp: Path, inner: tuple[str, ...] = ("env",)) -> None:
-        self.calls = tmp / "calls"
-        self.stdin = tmp / "stdin"
-        self.stdin.mkdir()
-        real = shutil.which(inner[0])
-        assert real is not None, inner[0]
-        wrapper = tmp / "counting" / Path(inner[0]).name
-        wrapper.parent.mkdir()
-        wrapper.write_text(f'#!/bin/sh\necho x >> "{self.calls}"\nn=$(wc -l < "{self.calls}")\n'
-                           f'tee "{self.stdin}/$n" | "{real}" "$@"\n')
-        wrapper.chmod(0o755)
-        self.runtime = ExecRuntime((str(wrapper), *inner[1:]))
-
-    def push(self, sources: list[Path], dest: Path | str) -> tuple[int, bytes]:
-        """Push; (exec calls, the bytes the last call got on stdin)."""
-        before = self._count()
-        [report] = push_sync(sources, str(dest), [self.runtime])
-        assert report.ok, report.error
-        calls = self._count() - before
-        return calls, (self.stdin / str(self._count())).read_bytes()
-
-    def _count(self) -> int:
-        return len(self.calls.read_text().splitlines()) if self.calls.exists() else 0
 
 
 def skills(parent: Path) -> list[Path]:
@@ -124,18 +95,24 @@ def test_a_tree_changed_inside_the_sandbox_is_sent_again(tmp_path: Path,
     assert not (dest / "s0" / "extra.txt").exists()
 
 
-def test_a_record_that_lies_gets_everything_sent(tmp_path: Path, counted: Counted) -> None:
+def test_what_the_record_does_not_vouch_for_is_sent(tmp_path: Path, counted: Counted) -> None:
     sources = skills(tmp_path / "src")
     dest = tmp_path / "dest"
     counted.push(sources, dest)
     record = tmp_path / ".dest.kb-record"
     lines = record.read_text().splitlines()
-    # Another digest for s0; an empty sum for s1; junk.
+    assert sorted(line.split()[0] for line in lines) == ["*", "s0", "s1", "s2"]
+    # Another digest for s0, and junk: s0 goes again.
     lines[0] = " ".join([lines[0].split()[0], DIGEST, lines[0].split()[2]])
-    lines[1] = " ".join(lines[1].split()[:2])
     record.write_text("\n".join([*lines, "../x sha256:00 1.2", "s9"]) + "\n")
     _, sent = counted.push(sources, dest)
-    assert b"content-s0" in sent and b"content-s1" in sent and b"content-s2" not in sent
+    assert b"content-s0" in sent and b"content-s1" not in sent and b"content-s2" not in sent
+    # No sum of the whole set, and none for s1: each is checked alone, and s1 goes again.
+    lines = [ln if not ln.startswith("s1 ") else " ".join(ln.split()[:2])
+             for ln in record.read_text().splitlines() if not ln.startswith("* ")]
+    record.write_text("\n".join(lines) + "\n")
+    _, sent = counted.push(sources, dest)
+    assert b"content-s1" in sent and b"content-s0" not in sent and b"content-s2" not in sent
 
 
 def test_a_transport_that_holds_stdout_back_still_pushes_in_one_call(tmp_path: Path) -> None:

@@ -21,9 +21,10 @@ from pathlib import Path
 
 import pytest
 
+from testing.counting import Counted
 from testing.skills import make_skill
 from tests.test_push import SKILLS, push_concurrently, run_cli, versions
-from tests.test_pushrecord import Counted, skills
+from tests.test_pushrecord import skills
 
 IMAGE = "kb-test/busybox:latest"
 DEST = "/skills"

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from testing.counting import Counted
 from testing.skills import make_skill
 from tests.test_push import (
     SKILLS,
@@ -23,7 +24,7 @@ from tests.test_push import (
     run_cli,
     versions,
 )
-from tests.test_pushrecord import Counted, skills, tree_of
+from tests.test_pushrecord import skills, tree_of
 
 SSHD = Path("/usr/sbin/sshd")
 
