@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from bootstrap.errors import SkillError
+from bootstrap.fs import open_regular
 
 SKILL_FILE: Final = "SKILL.md"
 MAX_NAME: Final = 64
@@ -131,7 +132,8 @@ def check_text(skill_md: Path, text: str, dir_name: str) -> Checked:
 def check_file(skill_md: Path, dir_name: str) -> Checked:
     """Read ``skill_md`` (its first 64 KiB) and check it; an unreadable file is an error."""
     try:
-        with open(skill_md, "rb") as f:
+        # Never blocks: a FIFO put there is refused, not waited on (SKILL.md may be a link).
+        with open(open_regular(skill_md, follow=True), "rb") as f:
             head = f.read(_MAX_FRONT_MATTER)
         # Incremental: a multi-byte character cut by the read limit is not a decoding error
         # (fuzzing found valid files longer than 64 KiB reported as "not UTF-8").
@@ -140,7 +142,7 @@ def check_file(skill_md: Path, dir_name: str) -> Checked:
     except UnicodeDecodeError:
         return Checked((Finding(skill_md, "file", "is not UTF-8 text"),))
     except OSError as e:
-        return Checked((Finding(skill_md, "file", f"cannot read: {e.strerror}"),))
+        return Checked((Finding(skill_md, "file", f"cannot read: {e.strerror or e}"),))
     return check_text(skill_md, text, dir_name)
 
 

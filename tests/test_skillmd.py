@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from bootstrap.cli import main
-from bootstrap.skillmd import check_text
+from bootstrap.skillmd import check_file, check_text
 from testing.skills import make_skill
 from testing.world import World
 
@@ -290,3 +290,11 @@ def test_a_warm_ensure_does_not_import_yaml(world: World) -> None:
     # A changed SKILL.md is checked again, by the parser (the test would prove nothing else).
     os.utime(world.skills_dir / "notes" / "SKILL.md", (1, 1))
     assert "yaml" in imported()
+
+
+def test_a_fifo_at_skill_md_is_an_error_not_a_hang(tmp_path: Path) -> None:
+    (tmp_path / "demo").mkdir()
+    os.mkfifo(tmp_path / "demo" / "SKILL.md")
+    result = check_file(tmp_path / "demo" / "SKILL.md", "demo")
+    assert [(e.key, e.rule) for e in result.errors] == [
+        ("file", "cannot read: is a FIFO, not a regular file")]
