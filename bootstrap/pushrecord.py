@@ -109,6 +109,7 @@ treesum() {
 recorded=
 sent=
 whole=
+intact=
 if [ -f "$record" ] && [ ! -L "$record" ]; then
   take_lock
   recorded=$(cat "$record" 2>/dev/null) || recorded=
@@ -117,7 +118,6 @@ if [ -f "$record" ] && [ ! -L "$record" ]; then
   whole=$(printf '%s\n' "$recorded" | while read -r n d s rest; do
     if [ "$n" = "*" ]; then echo "$s"; break; fi
   done)
-  intact=
   if [ -n "$whole" ] && [ "$(treesum @NAMES@)" = "$whole" ]; then intact=1; fi
   have=$(printf '%s\n' "$recorded" | while read -r name digest sum rest; do
     valid_name "$name" && in_set "$name" || continue
@@ -158,7 +158,8 @@ while read -r name digest; do
   case " $sent " in *" $name "*) ;; *) continue ;; esac
   printf '%s %s %s\n' "$name" "$digest" "$(treesum "$name")" >> "$stage/record"
 done < "$stage/new/@MARKER@"
-if [ -z "$sent" ] && [ -n "$whole" ]; then sum=$whole; else sum=$(treesum @NAMES@); fi
+# The sum of the whole set: the one just checked if nothing changed, else taken anew.
+if [ -z "$sent" ] && [ -n "$intact" ]; then sum=$whole; else sum=$(treesum @NAMES@); fi
 printf '* - %s\n' "$sum" >> "$stage/record"
 # mv onto a directory would move the file into it: a directory planted there is left alone.
 if [ -d "$record" ] || ! mv -f "$stage/record" "$record"; then

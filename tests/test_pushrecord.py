@@ -168,3 +168,19 @@ def test_the_report_line_is_read_as_untrusted_text() -> None:
     assert held(None, token) == {}
     assert held(f"kb-push-held {token} ../x={DIGEST} .h={DIGEST} s2=sha256:zz s3", token) == {}
     assert held(f"kb-push-held {token}", token) == {}
+
+
+def test_a_smaller_set_is_checked_alone_once_then_as_a_whole_again(
+        tmp_path: Path, counted: Counted) -> None:
+    sources = skills(tmp_path / "src")
+    dest = tmp_path / "dest"
+    counted.push(sources, dest)
+    record = tmp_path / ".dest.kb-record"
+    whole = [ln for ln in record.read_text().splitlines() if ln.startswith("* ")]
+    _, sent = counted.push(sources[:2], dest)  # the set's sum differs: each skill alone
+    assert b"content-s" not in sent
+    now = [ln for ln in record.read_text().splitlines() if ln.startswith("* ")]
+    assert now != whole  # the sum of the new set, not the old one carried over
+    _, sent = counted.push(sources[:2], dest)
+    assert b"content-s" not in sent
+    assert [ln for ln in record.read_text().splitlines() if ln.startswith("* ")] == now
