@@ -203,7 +203,14 @@ def _publish(p: argparse.ArgumentParser, _: type[argparse.ArgumentParser]) -> No
                    help="the skill root agents read (required)")
     p.add_argument("--grace", type=_positive, default=30.0, metavar="SECONDS",
                    help="how long a replaced tree stays for its readers (default: 30)")
+    _prune(p, "ROOT")
     _json(p)
+
+
+def _prune(p: argparse.ArgumentParser, where: str) -> None:
+    p.add_argument("--prune", action="store_true",
+                   help=f"then remove the skills this tool put into {where} earlier that are "
+                        "not among SRC (others stay; default: off)")
 
 
 def _push(p: argparse.ArgumentParser, _: type[argparse.ArgumentParser]) -> None:
@@ -215,6 +222,7 @@ def _push(p: argparse.ArgumentParser, _: type[argparse.ArgumentParser]) -> None:
                         "(repeatable; default: DIR on this machine)")
     p.add_argument("--jobs", type=_jobs, default=8, metavar="N",
                    help="runtimes pushed at once (default: 8)")
+    _prune(p, "DIR")
     _json(p)
 
 

@@ -140,12 +140,13 @@ def _dispatch_trees(args: argparse.Namespace) -> int:
     if cmd == "publish":
         from bootstrap.commands.publish import publish
 
-        return publish(args.sources, into=args.into, grace=args.grace, as_json=args.json)
+        return publish(args.sources, into=args.into, grace=args.grace, as_json=args.json,
+                       prune=args.prune)
     if cmd == "push":
         from bootstrap.commands.push import push
 
         return push(args.sources, dest=args.dest, execs=args.execs, jobs=args.jobs,
-                    as_json=args.json)
+                    as_json=args.json, prune=args.prune)
     if cmd == "kernelspec":
         from bootstrap.commands.kernelspec import install
 

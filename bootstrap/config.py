@@ -17,7 +17,7 @@ from typing import Any, Final
 
 from bootstrap.errors import ConfigError, SkillError
 from bootstrap.trees.discovery import glob_dirs
-from bootstrap.trees.skillmd import check_skill_dir
+from bootstrap.trees.skillmd import Checked, check_layout, checked
 
 DEFAULT_FILE: Final = "kernel-bootstrap.toml"
 PYPROJECT: Final = "pyproject.toml"
@@ -46,6 +46,12 @@ class Skill:
     @property
     def is_python(self) -> bool:
         return self.pyproject.is_file()
+
+    @property
+    def spec(self) -> Checked:
+        """Its SKILL.md under the Agent Skills spec (parsed on first use, never on the warm
+        path): a skill with errors is a failed skill, not a config error."""
+        return checked(self.path)
 
 
 @dataclass(frozen=True)
@@ -379,7 +385,7 @@ def discover_skills(
             watch += glob_dirs(_resolve(base, pattern))
         for path in _expand(pattern, base, file, index):
             try:
-                name = check_skill_dir(path)
+                name = check_layout(path)
             except SkillError as e:
                 raise SkillError(f"{source_name(file)}: skills[{index}]: {e}") from None
             other = found.get(name)

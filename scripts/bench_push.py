@@ -9,6 +9,14 @@ Rounds are interleaved (a, b, c, a, b, c, ...) so drift hits every method alike;
 median of ``--rounds`` runs into a fresh destination. Usage::
 
     .venv/bin/python scripts/bench_push.py [--rounds 7] [--prefix env] [--markdown]
+
+With ``--skills DIR`` (a directory of skills, e.g. ``skills/`` of a checkout of
+github.com/anthropics/skills: 17 skills, 409 files) it measures what a push sends again instead:
+into ``--sandboxes`` sandboxes (default 4; each a directory reached through PREFIX), a first
+push into empty ones, a second push of the same skills, and a push after one file changed, per
+round (fresh sandboxes each round). Wall time is that of ``push()`` from the source paths (as
+the command runs it, without the interpreter's start); bytes are those every sandbox got on
+stdin, counted by a wrapper around PREFIX (``testing.counting``).
 """
 
 from __future__ import annotations
@@ -28,9 +36,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 # Imported after the sys.path line, so the script runs from a checkout without installing.
-from bootstrap.trees.push import load_trees
+from bootstrap.trees.push import load_trees, push
 from bootstrap.trees.skilltree import SkillTree
-from bootstrap.trees.targets import ExecTarget
+from bootstrap.trees.targets import ExecTarget, tar_stream
+from testing.counting import Counted
 from testing.skills import make_skill
 
 SIZES = (32, 128)
@@ -128,6 +137,10 @@ def table(results: dict[tuple[int, str], tuple[float, int]], markdown: bool) -> 
             seconds, n_calls = results[n, label]
             rows.append([str(n), label, str(n_calls), f"{seconds * 1000:.1f}",
                          f"{seconds / base:.3f}x"])
+    return _render(head, rows, markdown)
+
+
+def _render(head: list[str], rows: list[list[str]], markdown: bool) -> str:
     if markdown:
         lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
         return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
@@ -136,13 +149,84 @@ def table(results: dict[tuple[int, str], tuple[float, int]], markdown: bool) -> 
                      for r in [head, *rows])
 
 
+AGAIN = ("first push (empty sandboxes)", "second push, nothing changed", "one file changed")
+
+
+def again(rounds: int, prefix: str, skills_dir: Path, sandboxes: int,
+          work: Path) -> tuple[dict[str, list[tuple[float, int]]], int, int]:
+    """Per label, (seconds, bytes on stdin summed over the sandboxes) of every round; the
+    number of skills, and the size of the skill whose file changes (its files' bytes)."""
+    src = work / "skills"
+    shutil.copytree(skills_dir, src, symlinks=True)
+    sources = sorted(p for p in src.iterdir() if (p / "SKILL.md").is_file())
+    changing = next((p for p in sources if p.name == "pdf"), sources[0])
+    out: dict[str, list[tuple[float, int]]] = {label: [] for label in AGAIN}
+    for r in range(rounds):
+        counters = []
+        for i in range(sandboxes):
+            box = work / f"round{r}" / f"box{i}"
+            box.mkdir(parents=True)
+            # Each sandbox its own directory: PREFIX runs there, and DEST is relative to it.
+            inner = ("sh", "-c", 'cd "$0" && exec "$@"', str(box), *shlex.split(prefix))
+            counters.append((box, Counted(work / f"count{r}-{i}", inner)))
+        for label in AGAIN:
+            if label == AGAIN[2]:
+                with (changing / "SKILL.md").open("a") as f:
+                    f.write(f"\nround {r}\n")
+            start = time.perf_counter()
+            reports = asyncio.run(push(sources, "skills", [c.runtime for _, c in counters]))
+            seconds = time.perf_counter() - start
+            assert all(rep.ok for rep in reports), [rep.error for rep in reports]
+            out[label].append((seconds, sum(c.last_stdin() for _, c in counters)))
+        for box, _ in counters:  # a full push's tree, whatever was sent
+            _check_tree(load_trees(sources), box / "skills")
+    # The changed skill as a push sends it alone (its files, their tar headers and padding).
+    size = sum(len(piece) for piece in tar_stream(load_trees([changing])))
+    return out, len(sources), size
+
+
+def _check_tree(trees: Sequence[SkillTree], dest: Path) -> None:
+    for tree in trees:
+        _check(tree, dest)
+        for e in tree.entries:
+            if e.kind == "file":
+                got = (dest / tree.name / e.rel).stat().st_mtime_ns // 1_000_000_000
+                assert got == e.mtime_ns // 1_000_000_000, dest / tree.name / e.rel
+
+
+def again_table(results: dict[str, list[tuple[float, int]]], size: int, markdown: bool) -> str:
+    head = ["push", "median ms", "wall vs first", "bytes sent (all sandboxes)", "bytes vs first"]
+    first_s = statistics.median(s for s, _ in results[AGAIN[0]])
+    first_b = statistics.median(b for _, b in results[AGAIN[0]])
+    rows = []
+    for label in AGAIN:
+        seconds = statistics.median(s for s, _ in results[label])
+        sent = statistics.median(b for _, b in results[label])
+        rows.append([label, f"{seconds * 1000:.1f}", f"{seconds / first_s:.3f}x",
+                     f"{sent:,.0f}", f"{sent / first_b:.4f}x"])
+    return _render(head, rows, markdown) + (
+        f"\nthe changed skill pushed alone: {size:,} bytes per sandbox; the bound for the "
+        f"changed-file push, its size + 10 KiB per sandbox: {size + 10240:,}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--prefix", default="env", help="the exec prefix (default: env)")
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    parser.add_argument("--skills", type=Path, metavar="DIR",
+                        help="measure pushing these skills again (see the docstring)")
+    parser.add_argument("--sandboxes", type=int, default=4)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-push-") as tmp:
+        if args.skills is not None:
+            found, count, size = again(args.rounds, args.prefix, args.skills, args.sandboxes,
+                                       Path(tmp))
+            print(f"{count} skills from {args.skills} into {args.sandboxes} sandboxes, exec "
+                  f"prefix {args.prefix!r}, median of {args.rounds} rounds, "
+                  f"{os.cpu_count()} CPUs")
+            print(again_table(found, size, args.markdown))
+            return 0
         results = run(args.rounds, args.prefix, Path(tmp))
     print(f"exec prefix {args.prefix!r}, median of {args.rounds} interleaved rounds, "
           f"{os.cpu_count()} CPUs")

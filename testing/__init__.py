@@ -3,7 +3,8 @@
 One concept per module: ``skills`` (the skill factory), ``uvlog`` (the uv shims and the reader
 of their call log), ``world`` (a throwaway config + skills + fake uv, and the CLI as a child),
 ``seams`` (killing or failing one syscall of a run), ``processes`` (children: start, wait,
-kill, terminal, peak memory, sampling), ``s3server`` (moto's S3 API server on 127.0.0.1 and
+kill, terminal, peak memory, sampling), ``counting`` (an exec prefix that counts calls and
+keeps the bytes each got on stdin), ``s3server`` (moto's S3 API server on 127.0.0.1 and
 the environment a child needs to reach it). It lives in the checkout only; the wheel ships
 ``bootstrap`` alone.
 """

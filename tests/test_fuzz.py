@@ -26,7 +26,13 @@ from bootstrap.env.identity import SCHEMA, identity_of, runtime_inputs
 from bootstrap.env.marker import MAX_DEPTH, base_marker, marker_path, read_marker
 from bootstrap.errors import ConfigError, SkillError
 from bootstrap.primitives.lock import LockInfo, holder_path, read_holder
-from bootstrap.trees.skillmd import SKILL_FILE, check_skill_dir, name_problem, parse_front_matter
+from bootstrap.trees.skillmd import (
+    SKILL_FILE,
+    check_skill_dir,
+    check_text,
+    name_findings,
+    unsafe_name,
+)
 
 # The autouse home guard is function-scoped, but it only points HOME at a temporary directory:
 # sharing one across the examples of a test is exactly what we want.
@@ -97,7 +103,7 @@ def config(root: Path) -> Config:
     for name in ("alpha", "beta"):
         skill = root / "skills" / name
         skill.mkdir(parents=True)
-        (skill / SKILL_FILE).write_text(f"---\nname: {name}\n---\n")
+        (skill / SKILL_FILE).write_text(f"---\nname: {name}\ndescription: d\n---\n")
         (skill / "pyproject.toml").write_text(f'[project]\nname = "{name}"\n')
     return config_from_dict({"venv": "venv", "skills": ["skills/*"], "requirements": ["x"]},
                             root / "kernel-bootstrap.toml")
@@ -271,6 +277,9 @@ def test_any_holder_record_is_a_positive_pid_or_none(config: Config, data: bytes
 
 front_matter_lines = st.lists(
     st.one_of(st.just("---"), st.just("name: alpha"), st.just("name: 'alpha'"),
+              st.just("description: |-"), st.just("  a block"), st.just("metadata:"),
+              st.just("  k: v"), st.just("x: 2024-02-30"), st.just("y: &a [*a]"),
+              st.just("[" * 2000), st.just("z: !!python/object:os.system x"),
               st.builds(lambda k, v: f"{k}: {v}", any_text, any_text), any_text),
     max_size=8,
 )
@@ -278,9 +287,11 @@ front_matter_lines = st.lists(
 
 @given(text=any_text | front_matter_lines.map("\n".join)
        | front_matter_lines.map(lambda lines: "\r\n".join(["---", *lines])))
-def test_front_matter_parses_any_text_to_string_pairs(text: str) -> None:
-    parsed = parse_front_matter(text)
-    assert all(isinstance(k, str) and isinstance(v, str) for k, v in parsed.items())
+def test_any_front_matter_checks_to_findings_never_an_exception(text: str) -> None:
+    result = check_text(Path("alpha/SKILL.md"), text, "alpha")
+    for finding in (*result.errors, *result.warnings):
+        assert finding.key and finding.rule and len(str(finding)) < 1000
+    assert bool(result.problem) == bool(result.errors)
 
 
 def _straddling(pad: int) -> bytes:
@@ -330,13 +341,20 @@ def test_any_directory_name_is_a_valid_skill_name_or_a_skill_error(root: Path, n
         skill.mkdir(exist_ok=True)
     except OSError:
         assume(False)  # not a name this file system takes (e.g. too long in bytes)
-    write(skill / SKILL_FILE, b"# a skill\n")
+    import yaml
+
+    quoted = json.dumps(name, ensure_ascii=False)
+    try:  # only names YAML can carry as a double-quoted string
+        assume(yaml.safe_load(f"name: {quoted}") == {"name": name})
+    except yaml.YAMLError:
+        assume(False)
+    write(skill / SKILL_FILE, f"---\nname: {quoted}\ndescription: d\n---\n".encode())
     try:
         assert check_skill_dir(skill) == name
     except SkillError:
-        assert name_problem(name) is not None
+        assert unsafe_name(name) is not None or name_findings(name)[0]
     else:
-        assert name_problem(name) is None
+        assert unsafe_name(name) is None and not name_findings(name)[0]
 
 
 # -- the config ----------------------------------------------------------------------------------

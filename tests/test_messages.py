@@ -166,8 +166,11 @@ def test_a_missing_config_file_says_how_to_name_one(world: World) -> None:
     assert stderr == f"error: config file {world.config} does not exist\n"
 
 
-def test_an_invalid_skill_names_the_config_entry_and_the_problem(world: World) -> None:
-    (world.skills_dir / "alpha" / "SKILL.md").write_text("---\nname: other\n---\n")
+def test_an_unusable_skill_name_names_the_config_entry_and_the_problem(world: World) -> None:
+    (world.root / "odd").mkdir()
+    (world.root / "odd" / "a..b").mkdir()
+    (world.root / "odd" / "a..b" / "SKILL.md").write_text("---\nname: x\n---\n")
+    world.write_config(skills=["odd/a..b"])
     stderr = assert_one_clean_error(world.run("status"), EXIT_USAGE)
     assert str(world.config) in stderr and "skills[0]" in stderr
-    assert "'other'" in stderr and "'alpha'" in stderr
+    assert "'a..b'" in stderr and "path separator or '..'" in stderr

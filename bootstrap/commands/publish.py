@@ -1,4 +1,5 @@
-"""``kernel-bootstrap publish SRC... --into ROOT``: print what was published, one line per skill."""
+"""``kernel-bootstrap publish SRC... --into ROOT [--prune]``: what was published (and removed),
+one line per skill."""
 
 from __future__ import annotations
 
@@ -9,19 +10,23 @@ from pathlib import Path
 from bootstrap.errors import EXIT_OK
 
 
-def publish(sources: Sequence[Path], into: Path, grace: float, as_json: bool) -> int:
-    from bootstrap.trees.publish import publish as publish_trees
+def publish(sources: Sequence[Path], into: Path, grace: float, as_json: bool,
+            prune: bool = False) -> int:
+    from bootstrap.trees.publish import publish_set
 
-    results = publish_trees(sources, into, grace=grace)
+    results, pruned = publish_set(sources, into, grace=grace, prune=prune)
     if as_json:
         skills = [
             {"name": r.name, "path": str(r.path), "hash": r.hash, "changed": r.changed,
              "method": r.method}
             for r in results
         ]
-        print(json.dumps({"into": str(into.resolve()), "skills": skills}))
+        print(json.dumps({"into": str(into.resolve()), "skills": skills,
+                          "removed": list(pruned.removed)}))
     else:
         for r in results:
             state = f"changed, {r.method}" if r.changed else "unchanged"
             print(f"published {r.name} -> {r.path} ({state})")
+        for name in pruned.removed:
+            print(f"removed {name} from {into.resolve()}")
     return EXIT_OK

@@ -1,4 +1,4 @@
-"""``kernel-bootstrap push SRC... --dest DIR [--exec PREFIX]... [--jobs N] [--json]``."""
+"""``kernel-bootstrap push SRC... --dest DIR [--exec PREFIX]... [--jobs N] [--prune] [--json]``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from bootstrap.errors import EXIT_FAILED, EXIT_OK
 
 
 def push(sources: Sequence[Path], dest: str, execs: Sequence[str], jobs: int,
-         as_json: bool) -> int:
+         as_json: bool, prune: bool = False) -> int:
     """Push into each ``--exec`` runtime (none: the local directory ``dest``).
 
     stdout: one line per runtime and skill, or one JSON object. Each failed runtime is one
@@ -23,14 +23,16 @@ def push(sources: Sequence[Path], dest: str, execs: Sequence[str], jobs: int,
     from bootstrap.trees.push import push as push_async
     from bootstrap.trees.targets import target_for
 
-    runtimes = [target_for(p) for p in execs] if execs else [target_for(None)]
-    reports = asyncio.run(push_async(sources, dest, runtimes, jobs))
+    targets = [target_for(p) for p in execs] if execs else [target_for(None)]
+    reports = asyncio.run(push_async(sources, dest, targets, jobs, prune=prune))
     if as_json:
         print(json.dumps({"runtimes": [r.to_json() for r in reports]}))
     else:
         for report in reports:
             for skill in report.skills:
                 print(f"{report.runtime}: {skill.name} -> {skill.path}")
+            for name in report.removed:
+                print(f"{report.runtime}: removed {name}")
     failed = [r for r in reports if not r.ok]
     for report in failed:
         print(f"error: {report.error}", file=sys.stderr)

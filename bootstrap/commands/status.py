@@ -104,7 +104,7 @@ def status_dict(found: Status, held: LockInfo) -> dict[str, Any]:
 
 def _skill_dict(skill: SkillStatus) -> dict[str, Any]:
     entry = {"name": skill.name, "python": skill.python, "state": skill.state,
-             "error": skill.error}
+             "error": skill.error, "warnings": list(skill.warnings)}
     # A failed skill also says how many times in a row, and when it is retried.
     return {**entry, **skill.failure.as_json()} if skill.failure is not None else entry
 
@@ -130,6 +130,7 @@ def render(found: Status, held: LockInfo) -> str:
             error = f"  {_last_line(s.error)}" if s.error else ""
             error += f" ({_when(s.failure)})" if s.failure else ""
             lines.append(f"  {s.name:<{width}}  {s.state:<9}  {kind}{error}")
+            lines += [f"  {'':<{width}}  warning: {w}" for w in s.warnings]
     for name in found.stray:
         lines.append(f"  {name}  recorded but no longer configured (ensure uninstalls it)")
     verdict = "yes" if found.ready else f"no; run `kernel-bootstrap {_next(found)}`"

@@ -39,7 +39,7 @@ from bootstrap.primitives import lock, log, process, progress
 from bootstrap.primitives.fs import remove_quietly, removed_on_failure
 from bootstrap.skills import backoff
 from bootstrap.skills.sync import Riders, build_ahead, cached_riders, sync_skills
-from bootstrap.trees.skillmd import SKILL_FILE
+from bootstrap.trees import skillmd
 
 if TYPE_CHECKING:
     from bootstrap.engine import restore
@@ -65,6 +65,8 @@ def ensure(config: Config, *, lock_timeout: float = 300.0, force: bool = False,
     config_stamps = warm.input_stamps(_config_paths(config))
     venv_stamps = warm.stamps(_venv_paths(live))
     found = status(config)
+    # Once per full check (the warm path skips all of this until a skill changes).
+    skillmd.report((s.name, s.spec) for s in config.skills)
     if _nothing_due(found, force, reinstall, retry):
         return _settled(config, live, found, config_stamps + venv_stamps)
     if force or not found.base_current:
@@ -204,7 +206,7 @@ def _config_paths(config: Config) -> list[str]:
         paths.append(config.lock)
     paths += config.watch
     for skill in config.skills:
-        paths += [skill.path, skill.path / SKILL_FILE, skill.pyproject]
+        paths += [skill.path, skill.path / skillmd.SKILL_FILE, skill.pyproject]
     return list(dict.fromkeys(str(p) for p in paths))
 
 

@@ -18,6 +18,7 @@ from bootstrap.env.requirements import validate_requirements
 from bootstrap.errors import BootstrapError
 from bootstrap.primitives import log
 from bootstrap.skills.python_skill import import_names, load_python_skill
+from bootstrap.trees import skillmd
 
 
 def ensure_override(config: Config) -> EnsureResult:
@@ -48,6 +49,7 @@ def ensure_override(config: Config) -> EnsureResult:
             log.warning("skill does not import in the override interpreter", skill=name,
                         error=error, python=str(python))
     failed = {n: e for n, e in found.import_errors.items() if e}
+    failed.update(skillmd.report((s.name, s.spec) for s in config.skills))
     return EnsureResult(python, _env_root(python), "override", failed=failed)
 
 

@@ -10,7 +10,7 @@ submodule of that name would replace it as the package's attribute once imported
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -20,6 +20,7 @@ from bootstrap.env.marker import MarkerRead, read_marker
 from bootstrap.env.venv import Venv
 from bootstrap.skills.backoff import Failure, from_record, rebuild_failure
 from bootstrap.skills.python_skill import pyproject_state
+from bootstrap.trees.skillmd import Checked
 
 # "failed": not current, and the last rebuild of the runtime the config asks for failed.
 RuntimeState = Literal["current", "stale", "missing", "failed"]
@@ -38,6 +39,8 @@ class SkillStatus:
     def backing_off(self) -> bool:
         """Failed with the inputs it has now, and not due for a retry yet."""
         return self.failure is not None and self.failure.backing_off
+    # Advisory rules of the Agent Skills spec its SKILL.md breaks (it still loads).
+    warnings: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -121,6 +124,20 @@ def _runtime_state(config: Config, marker: MarkerRead,
 
 def _skill_status(skill: Skill, is_python: bool, digest: str, recorded: dict[str, Any],
                   failed: dict[str, Any]) -> SkillStatus:
+    spec = skill.spec
+    if spec.errors:  # no agent can load it: failed, whatever is installed
+        return SkillStatus(skill.name, is_python, "failed", spec.problem,
+                           warnings=_warnings(spec))
+    state = _install_state(skill, is_python, digest, recorded, failed)
+    return replace(state, warnings=_warnings(spec)) if spec.warnings else state
+
+
+def _warnings(spec: Checked) -> tuple[str, ...]:
+    return tuple(map(str, spec.warnings))
+
+
+def _install_state(skill: Skill, is_python: bool, digest: str, recorded: dict[str, Any],
+                   failed: dict[str, Any]) -> SkillStatus:
     name, path = skill.name, str(skill.path)
     if not is_python:
         return SkillStatus(name, False, "installed")

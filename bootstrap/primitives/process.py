@@ -32,7 +32,7 @@ import contextlib
 import os
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Final, NoReturn
@@ -249,9 +249,16 @@ def _raise_if_failed(proc: subprocess.Popen[bytes], err: IO[bytes], argv: Sequen
         raise error(tuple(argv), proc.returncode, err.read().decode(errors="replace"), what)
 
 
-async def feed(cmd: Sequence[str], chunks: Iterator[bytes], shown: Sequence[str],
-               what: str) -> str:
+Answer = Callable[[str | None], Iterator[bytes]]
+
+
+async def feed(cmd: Sequence[str], chunks: Iterator[bytes] | Answer, shown: Sequence[str],
+               what: str, *, ask: str | None = None, ask_timeout: float = 15.0) -> str:
     """Run ``cmd`` with ``chunks`` on its stdin; return its stdout (the last 64 KiB).
+
+    With ``ask``, the child speaks first: ``chunks`` is called with its first stdout line that
+    starts with ``ask`` (None if it ends, or says nothing of the kind within ``ask_timeout``)
+    and returns what to send; one process answers a question and takes the reply.
 
     A failing child is a ProcessError showing ``shown`` as its command (the real one may carry
     a long script). An error while producing ``chunks`` closes stdin without the rest, lets the
@@ -267,9 +274,12 @@ async def feed(cmd: Sequence[str], chunks: Iterator[bytes], shown: Sequence[str]
     except OSError as e:
         _not_started(shown, e, what)
     assert proc.stdin and proc.stdout and proc.stderr, "BUG: pipes were requested"
-    out = asyncio.ensure_future(_read_tail(proc.stdout))
+    heard: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+    out = asyncio.ensure_future(_read_tail(proc.stdout, ask, heard))
     err = asyncio.ensure_future(_read_tail(proc.stderr))
     try:
+        if callable(chunks):
+            chunks = chunks(await _first_line(heard, ask_timeout))
         local_error = await _write_all(proc.stdin, chunks)
         if local_error is not None:
             await _await_exit(proc, _DRAIN_TIMEOUT)
@@ -327,10 +337,33 @@ async def _stop(proc: asyncio.subprocess.Process) -> None:
     await _await_exit(proc, timeout=5.0)
 
 
-async def _read_tail(stream: asyncio.StreamReader) -> bytes:
+async def _first_line(heard: asyncio.Future[str | None], timeout: float) -> str | None:
+    import asyncio
+
+    try:
+        return await asyncio.wait_for(asyncio.shield(heard), timeout)
+    except TimeoutError:  # a transport that holds stdout back until the end
+        return None
+
+
+async def _read_tail(stream: asyncio.StreamReader, ask: str | None = None,
+                     heard: asyncio.Future[str | None] | None = None) -> bytes:
+    """The last 64 KiB of ``stream``; the first line starting with ``ask`` goes to ``heard``
+    as soon as it is complete (None at the end if none came)."""
     buf = bytearray()
+    lines = bytearray()  # only until the question was heard
+    want = ask.encode() if ask is not None and heard is not None else None
     while data := await stream.read(65536):
         buf += data
         if len(buf) > _TAIL_LIMIT:
             del buf[:-_TAIL_LIMIT]
+        if want is not None and heard is not None and not heard.done():
+            lines += data
+            *complete, rest = lines.split(b"\n")
+            found = next((ln for ln in complete if ln.startswith(want)), None)
+            if found is not None:
+                heard.set_result(found.decode(errors="replace"))
+            lines = bytearray(rest[-_TAIL_LIMIT:])
+    if heard is not None and not heard.done():
+        heard.set_result(None)
     return bytes(buf)

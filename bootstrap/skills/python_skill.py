@@ -74,7 +74,7 @@ class PythonSkill:
     hash: str
     project: str  # canonical project name ("" when the pyproject is unusable)
     requires: frozenset[str]  # canonical names of its dependencies
-    problem: str = ""  # why it cannot be installed at all (invalid pyproject)
+    problem: str = ""  # why it cannot be installed at all (invalid pyproject or SKILL.md)
     # (build-backend, build requirements) when declared and not in-tree (no backend-path)
     build_system: tuple[str, tuple[str, ...]] | None = None
 
@@ -87,8 +87,9 @@ def load_python_skill(skill: Skill) -> PythonSkill:
     import tomllib
 
     digest = pyproject_hash(skill)
-    # A "#" is reached from a working directory beside the skill (bootstrap.skills.workdirs).
-    unusable = unusable_path_problem(skill.path, allow_hash=True)
+    # A "#" is reached from a working directory beside the skill (bootstrap.skills.workdirs);
+    # a skill no agent can load is not installed either (the sync reports it as failed).
+    unusable = skill.spec.problem or unusable_path_problem(skill.path, allow_hash=True)
     if unusable:
         return PythonSkill(skill, digest, "", frozenset(), unusable)
     try:

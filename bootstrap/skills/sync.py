@@ -239,8 +239,11 @@ def sync_skills(config: Config, uv: Uv, runtime: RuntimeRecord,
                  earlier=dict(marker["failed"]) if marker else {})
     recorded = marker["skills"] if marker else {}
     _remove_unconfigured(sync, recorded)
-    pending = [s for s in sync.skills.values()
-               if s.name in reinstall or not _is_recorded(s, recorded)]
+    # SKILL.md no agent can load (ensure has logged why): failed, and a Python one is not
+    # installed; neither stops the others.
+    sync.outcome.failed.update({s.name: s.spec.problem for s in config.skills if s.spec.errors})
+    pending = [s for s in sync.skills.values() if s.name not in sync.outcome.failed
+               and (s.name in reinstall or not _is_recorded(s, recorded))]
     if not retry:
         held = backoff.held_back(pending, sync.earlier, reinstall, sync.by_project)
         for name, failure in held.items():
@@ -250,6 +253,7 @@ def sync_skills(config: Config, uv: Uv, runtime: RuntimeRecord,
     for skill in [s for s in pending if s.problem]:
         sync.fail(skill, skill.problem)
     pending = [s for s in pending if not s.problem]
+    _uninstall_renamed(sync, recorded, pending)
     if pending:
         _install_pending(sync, pending, _group_size(marker, pending))
     _finish(sync)
@@ -292,6 +296,26 @@ def _remove_unconfigured(sync: _Sync, recorded: dict[str, SkillRecord]) -> None:
         sync.uv.uninstall(sync.python, projects)
     sync.record(SkillChanges(removed=set(gone)))
     sync.outcome.removed = gone
+
+
+def _uninstall_renamed(sync: _Sync, recorded: dict[str, SkillRecord],
+                       pending: list[PythonSkill]) -> None:
+    """A skill whose ``project.name`` changed: uninstall the distribution of its old name
+    (both used to stay installed, each with its ``.pth`` and dist-info).
+
+    Before the new one is installed, not after: the two distributions of one tree can share
+    file names (a ``.pth`` named after the module), which uninstalling the old one afterwards
+    would take from the new one. The marker still names the old project until the new one
+    lands, so a session killed in between leaves the next one the same work to finish.
+    """
+    renamed = {s.name: recorded[s.name]["project"] for s in pending if s.name in recorded
+               and recorded[s.name]["project"] not in ("", s.project)}
+    # A project another configured skill now has (two skills that swapped names) stays.
+    old = sorted(set(renamed.values()) - set(sync.by_project))
+    if old:
+        log.info("uninstalling the old distributions of renamed skills", skills=sorted(renamed),
+                 projects=old)
+        sync.uv.uninstall(sync.python, old)
 
 
 def _install_pending(sync: _Sync, pending: list[PythonSkill], size: int) -> None:

@@ -14,8 +14,10 @@ name one complete tree:
 
 State lives beside ROOT, in ``.<ROOT name>.kb-publish/``: ``lock`` (never deleted),
 ``staging/<pid>-<token>/`` (reaped once the pid is gone), ``retired/<ns>-<pid>-<token>/``
-(reaped after the grace), ``journal/<name>.json`` (see :mod:`bootstrap.primitives.swap`), and
-``hashes/<name>.json`` (see :mod:`bootstrap.trees.published`). Others can write beside ROOT, so
+(reaped after the grace), ``journal/<name>.json`` (see :mod:`bootstrap.primitives.swap`),
+``hashes/<name>.json`` (see :mod:`bootstrap.trees.published`) and ``published.json``, the
+record of what publish put into ROOT (see :mod:`bootstrap.trees.prune`). Others can write
+beside ROOT, so
 each of these must be a real directory: a symlink planted there is refused, never followed
 (one to a victim directory once had publish delete its subdirectories).
 """
@@ -42,7 +44,10 @@ from bootstrap.primitives.fs import (
     remove_tree,
     removed_on_exit,
 )
-from bootstrap.trees.published import installed_hash, remember
+from bootstrap.trees.prune import Pruned, remember
+from bootstrap.trees.prune import prune as prune_root
+from bootstrap.trees.published import installed_hash
+from bootstrap.trees.published import remember as remember_hash
 from bootstrap.trees.skilltree import (
     SkillTree,
     check_collisions,
@@ -85,6 +90,11 @@ def state_dir(root: Path) -> Path:
     return root.parent / f".{root.name}{STATE_SUFFIX}"
 
 
+class Published(NamedTuple):
+    results: list[PublishResult]
+    pruned: Pruned  # empty unless asked to prune
+
+
 def publish(
     sources: Sequence[Path], into: Path, grace: float = 30.0, *, lock_timeout: float = 600.0
 ) -> list[PublishResult]:
@@ -95,13 +105,27 @@ def publish(
     """
     root = _check_root(into)
     return publish_trees([load_skill_tree(src) for src in sources], root, grace,
-                         lock_timeout=lock_timeout)
+                         lock_timeout=lock_timeout).results
+
+
+def publish_set(
+    sources: Sequence[Path], into: Path, grace: float = 30.0, *, lock_timeout: float = 600.0,
+    prune: bool = False,
+) -> Published:
+    """:func:`publish`; with ``prune``, then remove from ``into`` every skill this tool
+    published there that ``sources`` no longer has (``publish --prune``, :mod:`prune`).
+    """
+    root = _check_root(into)
+    return publish_trees([load_skill_tree(src) for src in sources], root, grace,
+                         lock_timeout=lock_timeout, prune=prune)
 
 
 def publish_trees(
-    trees: Sequence[SkillTree], into: Path, grace: float = 30.0, *, lock_timeout: float = 600.0
-) -> list[PublishResult]:
-    """:func:`publish` for trees already loaded with :func:`load_skill_tree` (used by push)."""
+    trees: Sequence[SkillTree], into: Path, grace: float = 30.0, *, lock_timeout: float = 600.0,
+    prune: bool = False,
+) -> Published:
+    """:func:`publish_set` for trees already loaded with
+    :func:`load_skill_tree` (used by push)."""
     root = _check_root(into)
     check_collisions(trees)
     hashes = [tree_hash(tree) for tree in trees]
@@ -117,8 +141,11 @@ def publish_trees(
     with _locked(state, lock_timeout):
         _tidy(state, grace)
         results = [_publish_one(state, t, h) for t, h in zip(trees, hashes, strict=True)]
+        remember(state.base, root, [r.name for r in results])
+        pruned = (prune_root(state.base, root, {r.name for r in results},
+                             lambda name: _retired_slot(state, name)) if prune else Pruned())
         _tidy(state, grace)
-    return results
+    return Published(results, pruned)
 
 
 def gc_publish_state(root: Path, grace: float, *, lock_timeout: float = 600.0) -> list[Path]:
@@ -177,7 +204,7 @@ def _publish_one(state: _State, tree: SkillTree, new_hash: str) -> PublishResult
             method = swap.swap_in(_site(state), staged, live)
         except OSError as e:
             raise _swap_failed(tree.name, live, e) from e
-    remember(state.hashes, live, new_hash, tree)
+    remember_hash(state.hashes, live, new_hash, tree)
     log.debug("published", name=tree.name, path=str(live), swap=method)
     return PublishResult(tree.name, live, new_hash, changed=True, method=method)
 
@@ -266,8 +293,9 @@ def _reap_retired(state: _State, grace: float) -> list[Path]:
 
 
 def _reap_temp_files(state: _State) -> list[Path]:
-    """Temp files of journals and hash records whose writer was killed mid-write."""
-    found = [p for d in (state.journal, state.hashes) for p in _children(d)
+    """Temp files of journals, hash records and the record of published skills whose writer
+    was killed mid-write."""
+    found = [p for d in (state.base, state.journal, state.hashes) for p in _children(d)
              if ".tmp-" in p.name and not pid_alive(owner_pid(p.name, "tmp"))]
     return [p for p in found if _removed(p)]
 

@@ -37,7 +37,7 @@ def installed_hash(hashes: Path, live: Path) -> str | None:
         st = os.lstat(live)
         if not stat.S_ISDIR(st.st_mode):
             return None
-        tree = load_skill_tree(live)
+        tree = load_skill_tree(live, spec=False)
         record = _read(hashes / f"{tree.name}.json")
         signature = _signature(tree)
         if record and record["ino"] == st.st_ino and record["signature"] == signature:

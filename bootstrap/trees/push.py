@@ -30,10 +30,12 @@ __all__ = ["PushReport", "Target", "load_trees", "push", "push_sync"]
 
 
 async def push(
-    sources: Sequence[Path], dest: str, targets: Sequence[Target], jobs: int = 8
+    sources: Sequence[Path], dest: str, targets: Sequence[Target], jobs: int = 8, *,
+    prune: bool = False,
 ) -> list[PushReport]:
     """Push every skill in ``sources`` into ``dest`` of every target; one report per target,
-    in the order given.
+    in the order given. ``prune``: each target then removes the skills pushed into ``dest``
+    earlier that ``sources`` no longer has (see :class:`~bootstrap.trees.targets.Target`).
 
     Raises :class:`SkillError` / :class:`ConfigError` (exit 2) before anything is sent; a
     target that fails is reported with ``ok=False`` rather than raised.
@@ -44,16 +46,17 @@ async def push(
 
     async def one(target: Target) -> PushReport:
         async with limit:
-            return await _push_one(target, trees, dest)
+            return await _push_one(target, trees, dest, prune)
 
     return list(await asyncio.gather(*(one(r) for r in targets)))
 
 
 def push_sync(
-    sources: Sequence[Path], dest: str, targets: Sequence[Target], jobs: int = 8
+    sources: Sequence[Path], dest: str, targets: Sequence[Target], jobs: int = 8, *,
+    prune: bool = False,
 ) -> list[PushReport]:
     """:func:`push` for callers without an event loop."""
-    return asyncio.run(push(sources, dest, targets, jobs))
+    return asyncio.run(push(sources, dest, targets, jobs, prune=prune))
 
 
 def load_trees(sources: Sequence[Path]) -> list[SkillTree]:
@@ -90,10 +93,14 @@ def _check_readable(tree: SkillTree) -> None:
             raise SkillError(f"skill {tree.name!r}: {e.path}: permission denied")
 
 
-async def _push_one(target: Target, trees: Sequence[SkillTree], dest: str) -> PushReport:
+async def _push_one(target: Target, trees: Sequence[SkillTree], dest: str,
+                    prune: bool) -> PushReport:
     start = time.monotonic()
     try:
-        report = await target.push(trees, dest)
+        # Without --prune, called as the Target protocol always was: a harness's own target
+        # need not know the keyword.
+        report = await (target.push(trees, dest, prune=True) if prune
+                        else target.push(trees, dest))
     except (BootstrapError, OSError) as e:
         # A ProcessError already names the target in its first line; anything else gets it.
         message = str(e) if isinstance(e, ProcessError) else f"push to {target.name} failed: {e}"

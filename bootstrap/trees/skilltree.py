@@ -26,7 +26,7 @@ from typing import Final, Literal
 
 from bootstrap.errors import SkillError
 from bootstrap.primitives.fs import write_all
-from bootstrap.trees.skillmd import check_skill_dir
+from bootstrap.trees.skillmd import check_layout, check_skill_dir
 
 EntryKind = Literal["file", "dir", "symlink"]
 
@@ -57,7 +57,7 @@ class SkillTree:
     entries: tuple[Entry, ...]
 
 
-def load_skill_tree(src: Path) -> SkillTree:
+def load_skill_tree(src: Path, *, spec: bool = True) -> SkillTree:
     """Validate the skill directory ``src`` and list its entries.
 
     Raises :class:`SkillError` naming the skill and the offending path for: no SKILL.md, a bad
@@ -69,7 +69,8 @@ def load_skill_tree(src: Path) -> SkillTree:
     absolute = Path(os.path.abspath(src))
     if not absolute.is_dir():
         raise SkillError(f"{absolute}: not a skill: not a directory")
-    name = check_skill_dir(absolute)
+    # spec=False: a tree we published ourselves, checked (and warned about) on its way in.
+    name = check_skill_dir(absolute) if spec else check_layout(absolute)
     root = absolute.resolve()
     entries = sorted(_walk(name, root), key=lambda e: e.rel.encode("utf-8"))
     return SkillTree(name=name, root=root, entries=tuple(entries))

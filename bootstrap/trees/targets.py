@@ -28,7 +28,9 @@ from pathlib import Path
 from typing import Final, Protocol, TypedDict
 
 from bootstrap.errors import BootstrapError, ConfigError
-from bootstrap.primitives import process, tar
+from bootstrap.primitives import log, process, tar
+from bootstrap.trees import pushrecord
+from bootstrap.trees.skillmd import unsafe_name
 from bootstrap.trees.skilltree import SkillTree
 
 LOCAL: Final = "local"
@@ -50,6 +52,7 @@ class ReportJSON(TypedDict):
     dest: str
     ok: bool
     skills: list[dict[str, str]]
+    removed: list[str]
     error: str | None
 
 
@@ -62,24 +65,29 @@ class PushReport:
     ok: bool
     skills: tuple[PushedSkill, ...] = ()
     error: str | None = None
+    removed: tuple[str, ...] = ()  # skills pruned (``push --prune``)
 
     def to_json(self) -> ReportJSON:
         skills = [{"name": s.name, "path": s.path} for s in self.skills]
         return {"runtime": self.runtime, "dest": self.dest, "ok": self.ok, "skills": skills,
-                "error": self.error}
+                "removed": list(self.removed), "error": self.error}
 
 
 class Target(Protocol):
     """A place skill trees are pushed into.
 
     ``push`` receives trees that are already validated and free of collisions; it returns a
-    report on success and raises :class:`~bootstrap.errors.BootstrapError` on failure.
+    report on success and raises :class:`~bootstrap.errors.BootstrapError` on failure. For
+    ``push --prune`` it is called with ``prune=True`` as well (only then: a runtime that does not
+    take it can still serve pushes without it), and then removes the skills it put into DEST
+    earlier that ``trees`` no longer has, listing them in the report's ``removed``.
     """
 
     @property
     def name(self) -> str: ...
 
-    async def push(self, trees: Sequence[SkillTree], dest: str) -> PushReport: ...
+    async def push(self, trees: Sequence[SkillTree], dest: str, *,
+                   prune: bool = False) -> PushReport: ...
 
 
 def target_for(exec_prefix: str | None) -> Target:
@@ -100,14 +108,16 @@ class LocalTarget:
     name: str = LOCAL
     lock_timeout: float = 600.0
 
-    async def push(self, trees: Sequence[SkillTree], dest: str) -> PushReport:
+    async def push(self, trees: Sequence[SkillTree], dest: str, *,
+                   prune: bool = False) -> PushReport:
         from bootstrap.trees.publish import publish_trees
 
         # publish is blocking file I/O: a thread keeps the other targets' streams flowing.
-        results = await asyncio.to_thread(publish_trees, trees, Path(dest).expanduser(),
-                                          lock_timeout=self.lock_timeout)
+        results, pruned = await asyncio.to_thread(
+            lambda: publish_trees(trees, Path(dest).expanduser(), lock_timeout=self.lock_timeout,
+                                  prune=prune))
         skills = tuple(PushedSkill(r.name, str(r.path)) for r in results)
-        return PushReport(self.name, dest, ok=True, skills=skills)
+        return PushReport(self.name, dest, ok=True, skills=skills, removed=pruned.removed)
 
 
 # --- exec -------------------------------------------------------------------------------------
@@ -118,6 +128,9 @@ class ExecTarget:
     """Any command prefix that runs a command in the target with our stdin attached."""
 
     argv: tuple[str, ...]
+    # How long the script's report of what it holds may take before everything is sent
+    # anyway (a transport that holds stdout back until the end never answers in time).
+    answer_timeout: float = 15.0
 
     @classmethod
     def from_prefix(cls, prefix: str) -> ExecTarget:
@@ -133,14 +146,30 @@ class ExecTarget:
     def name(self) -> str:
         return shlex.join(self.argv)
 
-    async def push(self, trees: Sequence[SkillTree], dest: str) -> PushReport:
+    async def push(self, trees: Sequence[SkillTree], dest: str, *,
+                   prune: bool = False) -> PushReport:
         target = remote_dest(dest)
         token = secrets.token_hex(4)
         names = [t.name for t in trees]
-        script = remote_script(target, names, token)
+        script = remote_script(target, names, token, prune=prune)
         shown = (*self.argv, "sh", "-c", "<push script>")  # the script itself is noise in errors
         what = f"push to {self.name} failed"
-        stdout = await process.feed(self.command(script), tar_stream(trees), shown, what)
+        digests = dict(zip(names, await asyncio.gather(
+            *(asyncio.to_thread(pushrecord.push_digest, t) for t in trees)), strict=True))
+        sent: list[str] = []
+
+        def answer(line: str | None) -> Iterator[bytes]:
+            # Only what the sandbox does not hold intact goes (a changed file: that skill).
+            have = pushrecord.held(line, token)
+            changed = [t for t in trees if have.get(t.name) != digests[t.name]]
+            sent.extend(t.name for t in changed)
+            return tar_stream(changed, manifest=pushrecord.manifest(digests))
+
+        stdout = await process.feed(self.command(script), answer, shown, what,
+                                    ask=f"{pushrecord.HELD} {token}",
+                                    ask_timeout=self.answer_timeout)
+        log.debug("pushed", runtime=self.name, sent=sent,
+                  unchanged=[n for n in names if n not in sent])
         if f"kb-push-ok {token}" not in stdout:
             # Exit 0 without the script's last line: the prefix lost the exit status (or ran
             # something else). Claiming success here would hide a sandbox without skills.
@@ -149,7 +178,11 @@ class ExecTarget:
                 f"command's exit status on?\n  command: {shlex.join(shown)}"
             )
         skills = tuple(PushedSkill(n, posixpath.join(target, n)) for n in names)
-        return PushReport(self.name, dest, ok=True, skills=skills)
+        removed = _said(stdout, "kb-push-removed")
+        for name in _said(stdout, "kb-push-kept"):
+            log.info(f"kept {posixpath.join(target, name)} in {self.name}: not put there by "
+                     "kernel-bootstrap")
+        return PushReport(self.name, dest, ok=True, skills=skills, removed=removed)
 
     def command(self, script: str) -> tuple[str, ...]:
         """``PREFIX sh -c SCRIPT``, quoted once more for prefixes that go through a shell."""
@@ -158,6 +191,14 @@ class ExecTarget:
             # shell, which would split SCRIPT into words: hand it one pre-quoted line instead.
             return (*self.argv, shlex.join(["sh", "-c", script]))
         return (*self.argv, "sh", "-c", script)
+
+
+def _said(stdout: str, tag: str) -> tuple[str, ...]:
+    """The skill names the script reported on lines ``TAG NAME`` (only names we could have
+    pushed: the sandbox's output is not ours to trust)."""
+    names = (line.removeprefix(f"{tag} ") for line in stdout.splitlines()
+             if line.startswith(f"{tag} "))
+    return tuple(n for n in names if unsafe_name(n) is None)
 
 
 def remote_dest(dest: str) -> str:
@@ -187,6 +228,7 @@ stage=
 link_test=
 lock=
 held=
+have=
 say() { printf 'kernel-bootstrap push: %s\n' "$*" >&2; }
 cleanup() {
   if [ -n "$held" ]; then rm -rf "$lock"; held=; fi
@@ -224,20 +266,16 @@ if mkdir "$parent/.$base.kb-push.$token.$$" 2>/dev/null; then
 fi
 if [ -n "$stage" ] && same_mount; then
   lock="$parent/.$base.kb-push-lock"
+  record="$parent/.$base.kb-record"
 else
   if [ -n "$stage" ]; then rm -rf "$stage"; fi
   stage=
   mkdir "$dest/.kb-push.$token.$$" || fail "cannot create a staging directory in $dest"
   stage="$dest/.kb-push.$token.$$"
   lock="$dest/.kb-push-lock"
+  record="$dest/.kb-record"
 fi
 mkdir "$stage/new" "$stage/old" || fail "cannot create $stage"
-hint="(docker and kubectl need -i to pass the stream on stdin)"
-tar -x -p -o -f - -C "$stage/new" || fail "tar could not unpack the stream $hint"
-[ -f "$stage/new/@MARKER@" ] || fail "the stream ended early; nothing was changed $hint"
-for name in @NAMES@; do
-  [ -d "$stage/new/$name" ] || fail "skill $name is missing from the stream"
-done
 # Pushes into one DEST take turns for the renames: with two at once, one's `mv new/NAME
 # DEST/NAME` moved INTO the tree the other had just put there (DEST/NAME/NAME). mkdir is the
 # one atomic test-and-set every sh has; the holder's pid inside lets a waiter break the lock
@@ -252,25 +290,40 @@ break_lock() {
     mv "$stage/dead-lock" "$lock" 2>/dev/null
   fi
 }
-waits=0
-until mkdir "$lock" 2>/dev/null; do
-  owner=$(cat "$lock/pid" 2>/dev/null) || owner=
-  case $owner in
-    ''|*[!0-9]*) ;;
-    *) if ! kill -0 "$owner" 2>/dev/null; then break_lock "$owner"; continue; fi ;;
+take_lock() {
+  waits=0
+  until mkdir "$lock" 2>/dev/null; do
+    owner=$(cat "$lock/pid" 2>/dev/null) || owner=
+    case $owner in
+      ''|*[!0-9]*) ;;
+      *) if ! kill -0 "$owner" 2>/dev/null; then break_lock "$owner"; continue; fi ;;
+    esac
+    waits=$((waits + 1))
+    [ "$waits" -le 3000 ] ||
+      fail "another push has held $lock for minutes; if no push is running, remove it"
+    sleep 0.1 2>/dev/null || sleep 1
+  done
+  held=1
+  echo "$$" > "$lock/pid"
+}
+@REPORT@
+hint="(docker and kubectl need -i to pass the stream on stdin)"
+tar -x -p -o -f - -C "$stage/new" || fail "tar could not unpack the stream $hint"
+[ -f "$stage/new/@MARKER@" ] || fail "the stream ended early; nothing was changed $hint"
+for name in @NAMES@; do
+  [ -d "$stage/new/$name" ] || case " $have " in
+    *" $name="*) ;;
+    *) fail "skill $name is missing from the stream" ;;
   esac
-  waits=$((waits + 1))
-  [ "$waits" -le 3000 ] ||
-    fail "another push has held $lock for minutes; if no push is running, remove it"
-  sleep 0.1 2>/dev/null || sleep 1
 done
-held=1
-echo "$$" > "$lock/pid"
-# Each skill: old tree aside, new tree in (sh has no renameat2). Between the two renames
+[ -n "$held" ] || take_lock
+# Each skill sent: old tree aside, new tree in (sh has no renameat2). Between the two renames
 # DEST/name is absent for an instant; it never names a half-written tree. Signals are ignored
-# from here on, so a dropped connection cannot stop us between the two renames.
+# from here on, so a dropped connection cannot stop us between the two renames. A skill not
+# sent is the tree DEST already holds, as reported above under this same lock.
 trap '' HUP INT TERM PIPE
 for name in @NAMES@; do
+  [ -d "$stage/new/$name" ] || continue
   if [ -e "$dest/$name" ] || [ -L "$dest/$name" ]; then
     mv "$dest/$name" "$stage/old/$name" || fail "cannot move the old $dest/$name aside"
   fi
@@ -278,30 +331,36 @@ for name in @NAMES@; do
     if [ -e "$stage/old/$name" ]; then mv "$stage/old/$name" "$dest/$name"; fi
     fail "cannot move $name into $dest"
   fi
+  sent="$sent $name"
 done
+@RECORD@
 cleanup
 echo "kb-push-ok $token"
 """
 
-
-def remote_script(dest: str, names: Sequence[str], token: str) -> str:
-    """The script run as ``sh -c``: extract the stream into staging, rename each skill in."""
+def remote_script(dest: str, names: Sequence[str], token: str, *, prune: bool = False) -> str:
+    """The script run as ``sh -c``: extract the stream into staging, rename each skill in,
+    keep the record of what pushes put there (and with ``prune``, remove what it no longer
+    names)."""
     words = " ".join(shlex.quote(n) for n in names)
-    body = _SCRIPT.replace("@NAMES@", words).replace("@MARKER@", COMPLETE_MARKER)
-    return f"dest={_sh_path(dest)}\ntoken={shlex.quote(token)}\n{body}"
+    body = (_SCRIPT.replace("@REPORT@", pushrecord.REPORT).replace("@RECORD@", pushrecord.RECORD)
+            .replace("@NAMES@", words).replace("@MARKER@", COMPLETE_MARKER))
+    return (f"dest={_sh_path(dest)}\ntoken={shlex.quote(token)}\nprune={'1' if prune else ''}\n"
+            f"{body}")
 
 
 # --- the tar stream ---------------------------------------------------------------------------
 
 
-def tar_stream(trees: Sequence[SkillTree], chunk: int = CHUNK) -> Iterator[bytes]:
+def tar_stream(trees: Sequence[SkillTree], chunk: int = CHUNK, *,
+               manifest: bytes = b"") -> Iterator[bytes]:
     """An uncompressed tar of every tree (each under its name), in pieces of about ``chunk``,
-    ending with :data:`COMPLETE_MARKER`. Memory stays bounded by ``chunk`` whatever the file
-    sizes: contents are read while the stream is consumed."""
-    return tar.coalesce(_members(trees, chunk), chunk)
+    ending with :data:`COMPLETE_MARKER` (holding ``manifest``). Memory stays bounded by
+    ``chunk`` whatever the file sizes: contents are read while the stream is consumed."""
+    return tar.coalesce(_members(trees, chunk, manifest), chunk)
 
 
-def _members(trees: Sequence[SkillTree], chunk: int) -> Iterator[bytes]:
+def _members(trees: Sequence[SkillTree], chunk: int, manifest: bytes) -> Iterator[bytes]:
     for tree in trees:
         st = os.stat(tree.root)
         yield tar.header(tree.name, "dir", stat.S_IMODE(st.st_mode), st.st_mtime_ns)
@@ -310,5 +369,5 @@ def _members(trees: Sequence[SkillTree], chunk: int) -> Iterator[bytes]:
                              e.target)
             if e.kind == "file":
                 yield from tar.file_data(e.path, e.size, chunk)
-    yield tar.header(COMPLETE_MARKER, "file", 0o644, 0)
+    yield pushrecord.member(COMPLETE_MARKER, manifest)
     yield tar.END

@@ -21,8 +21,10 @@ from pathlib import Path
 
 import pytest
 
+from testing.counting import Counted
 from testing.skills import make_skill
 from tests.trees.test_push import SKILLS, push_concurrently, run_cli, versions
+from tests.trees.test_pushrecord import skills
 
 IMAGE = "kb-test/busybox:latest"
 DEST = "/skills"
@@ -261,8 +263,9 @@ def test_concurrent_pushes_into_one_container_leave_one_complete_version(
 
 def test_pushes_wait_for_a_live_lock_holder_then_take_turns(tmp_path: Path,
                                                            docker: Docker) -> None:
-    # Holding the lock from outside lines the pushes up at it with their streams unpacked;
-    # releasing it lets them all race for the renames at the same instant.
+    # Holding the lock from outside lines the pushes up at it (a DEST pushed into before has a
+    # record: each takes the lock before it reports what DEST holds, so that the report is
+    # still true at its renames); releasing it lets them all race for it at the same instant.
     sources = versions(tmp_path, 4)
     cid = docker.container()
     prefix = f"docker exec -i {cid}"
@@ -272,11 +275,11 @@ def test_pushes_wait_for_a_live_lock_holder_then_take_turns(tmp_path: Path,
 
     with ThreadPoolExecutor(1) as pool:
         pushes = pool.submit(push_concurrently, sources[1:], DEST, prefix)
-        unpacked = f"ls -d /.{DEST[1:]}.kb-push.*/new/.kb-push-complete 2>/dev/null | wc -l"
+        waiting = f"ls -d /.{DEST[1:]}.kb-push.*/new 2>/dev/null | wc -l"
         deadline = time.monotonic() + 60
-        while docker.sh(cid, unpacked).strip() != "3" and time.monotonic() < deadline:
+        while docker.sh(cid, waiting).strip() != "3" and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert docker.sh(cid, unpacked).strip() == "3", "the pushes never lined up at the lock"
+        assert docker.sh(cid, waiting).strip() == "3", "the pushes never lined up at the lock"
         time.sleep(0.5)  # time enough to rename, were the lock not respected
         assert not pushes.done()
         assert {v for v, _, _ in skill_versions(docker, cid).values()} == {"0"}
@@ -314,3 +317,20 @@ def test_a_push_into_a_volume_is_staged_on_it_without_a_mountpoint_command(
     assert result.returncode == 0, result.stderr
     assert listing(docker, cid, f"{DEST}/tool") == expected_listing(tool)
     assert docker.sh(cid, f"find {DEST} -name '*kb-push*'") == ""
+
+
+def test_an_unchanged_push_into_a_container_sends_no_file_contents(
+        tmp_path: Path, docker: Docker) -> None:
+    cid = docker.container()
+    counted = Counted(tmp_path, ("docker", "exec", "-i", cid))
+    sources = [tool_skill(tmp_path / "src"), *skills(tmp_path / "src")]
+    calls, first = counted.push(sources, DEST)
+    assert calls == 1 and b"content-s1" in first
+    calls, second = counted.push(sources, DEST)
+    assert calls == 1 and b"content-s" not in second and len(second) <= 10 * 1024
+    (sources[1] / "f3.txt").write_text("changed\n")
+    _, third = counted.push(sources, DEST)
+    assert b"changed\n" in third and b"content-s1" not in third and b"ran" not in third
+    for skill in sources:  # what a full push leaves: modes, links, mtimes, contents
+        assert listing(docker, cid, f"{DEST}/{skill.name}") == expected_listing(skill)
+    assert docker.sh(cid, LEFTOVERS) == ""

@@ -193,3 +193,20 @@ def test_skill_paths_reach_uv_as_themselves(real: RealWorld, batched: str) -> No
     probe = subprocess.run([str(real.python), "-c", "import oddskill; print(oddskill.__file__)"],
                            capture_output=True, text=True, check=True)
     assert probe.stdout.strip().startswith(str(odd))
+
+
+def test_a_renamed_project_leaves_one_distribution(real: RealWorld) -> None:
+    # Both used to stay installed: two dist-infos and two .pth files for one skill tree.
+    real.skill("alpha")
+    real.ensure()
+    real.skill("alpha", project="alpha-tools")
+    out = json.loads(real.ensure("--json").stdout)
+    assert out["installed"] == ["alpha"] and out["failed"] == []
+    listed = subprocess.run([str(real.uv), "pip", "list", "--python", str(real.python),
+                             "--format", "json"], capture_output=True, text=True, check=True,
+                            env=real.env)
+    names = sorted(d["name"] for d in json.loads(listed.stdout))
+    assert "alpha-tools" in names and "alpha" not in names
+    site = next(real.venv.glob("lib/python*/site-packages"))
+    assert sorted(p.name for p in site.glob("alpha*.dist-info")) == ["alpha_tools-0.1.0.dist-info"]
+    assert real.imports("alpha")

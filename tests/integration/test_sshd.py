@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from testing.counting import Counted
 from testing.skills import make_skill
 from tests.trees.test_push import (
     SKILLS,
@@ -23,6 +24,7 @@ from tests.trees.test_push import (
     run_cli,
     versions,
 )
+from tests.trees.test_pushrecord import skills, tree_of
 
 SSHD = Path("/usr/sbin/sshd")
 
@@ -114,3 +116,18 @@ def test_concurrent_pushes_over_ssh_leave_one_complete_version(tmp_path: Path,
         for name in SKILLS:
             assert_one_complete_version(dest / name, 4)
         no_staging_left(dest)
+
+
+def test_an_unchanged_push_over_ssh_sends_no_file_contents(tmp_path: Path,
+                                                           ssh_prefix: str) -> None:
+    counted = Counted(tmp_path, tuple(shlex.split(ssh_prefix)))
+    sources = skills(tmp_path / "src")
+    dest = tmp_path / "dest"
+    calls, first = counted.push(sources, dest)
+    assert calls == 1 and b"content-s1" in first
+    calls, second = counted.push(sources, dest)
+    assert calls == 1 and b"content-s" not in second and len(second) <= 10 * 1024
+    (sources[2] / "f1.txt").write_text("changed\n")
+    _, third = counted.push(sources, dest)
+    assert b"changed\n" in third and b"content-s0" not in third and b"content-s1" not in third
+    assert tree_of(dest) == tree_of(sources[0].parent)

@@ -1,7 +1,8 @@
-"""Skill sync logic in process: how big a group goes to uv after an earlier session died."""
+"""Skill sync: how big a group goes to uv after an earlier session died; renamed projects."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,8 @@ from bootstrap.config import Skill
 from bootstrap.env import marker as m
 from bootstrap.skills.python_skill import PythonSkill
 from bootstrap.skills.sync import _group_size
+from testing.processes import kill_group, start, wait_for
+from testing.world import World
 
 RUNTIME: m.RuntimeRecord = {"identity": "sha256:abc", "inputs": {}, "python": "/v/bin/python"}
 
@@ -76,3 +79,60 @@ def test_an_attempt_is_never_noted_on_a_marker_of_another_runtime(tmp_path: Path
     m.write_marker(tmp_path, m.base_marker(RUNTIME))
     m.note_attempt(tmp_path, "sha256:other", ["a"], first=True)
     assert m.attempt_of(m.read_marker(tmp_path).data) is None
+
+
+# -- a renamed distribution ---------------------------------------------------------------------
+
+
+def _distributions(world: World) -> list[str]:
+    site = next(world.venv.glob("lib/python*/site-packages"))
+    return sorted(p.name.split("-")[0] for p in site.glob("*.dist-info"))
+
+
+def test_a_renamed_project_uninstalls_the_old_distribution_in_the_same_sync(
+        tmp_path: Path) -> None:
+    world = World(tmp_path)
+    world.skill("alpha")
+    world.skill("beta")
+    world.ensure()
+    assert _distributions(world) == ["alpha", "beta"]
+    world.clear_log()
+    world.skill("alpha", project="alpha-tools")
+    out = json.loads(world.ensure("--json").stdout)
+    assert out["installed"] == ["alpha"] and out["failed"] == []
+    assert _distributions(world) == ["alpha_tools", "beta"]
+    calls = world.uv_calls()
+    assert [c[:2] for c in calls] == [["pip", "uninstall"], ["pip", "install"]]
+    assert calls[0][-1] == "alpha"
+    assert world.marker()["skills"]["alpha"]["project"] == "alpha-tools"
+    assert world.imports("alpha") and world.status()["ready"] is True
+
+
+def test_two_skills_that_swap_names_keep_both_distributions(tmp_path: Path) -> None:
+    world = World(tmp_path)
+    world.skill("alpha", project="one")
+    world.skill("beta", project="two")
+    world.ensure()
+    world.clear_log()
+    world.skill("alpha", project="two")
+    world.skill("beta", project="one")
+    world.ensure()
+    assert _distributions(world) == ["one", "two"]
+    assert [c[:2] for c in world.uv_calls()] == [["pip", "install"]]
+
+
+def test_a_rename_killed_before_the_new_install_lands_is_finished_next_time(
+        tmp_path: Path) -> None:
+    world = World(tmp_path)
+    world.skill("alpha")
+    world.ensure()
+    world.skill("alpha", project="alpha-tools")
+    proc = start(world, env={"FAKE_UV_HANG": "alpha-tools"})
+    try:
+        wait_for(lambda: ["pip", "install"] in [c[:2] for c in world.installs()])
+    finally:
+        kill_group(proc)
+    assert world.marker()["skills"]["alpha"]["project"] == "alpha"
+    out = json.loads(world.ensure("--json").stdout)
+    assert out["installed"] == ["alpha"]
+    assert _distributions(world) == ["alpha_tools"]

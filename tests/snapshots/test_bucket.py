@@ -376,8 +376,8 @@ def test_a_stalled_download_ends_within_the_bound_and_the_build_goes_on(
 
 def test_a_download_that_keeps_coming_finishes_however_long_it_takes(
         world: World, s3: Any, endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from bootstrap.snapshots.bucket import BucketStore
     from bootstrap.env.platform import Platform
+    from bootstrap.snapshots.bucket import BucketStore
 
     world.ensure()
     [name] = objects(world, s3)

@@ -168,7 +168,8 @@ def test_json_output(root: Path, v1: Path, capsys: pytest.CaptureFixture[str]) -
     data = json.loads(out)
     assert data == {"into": str(root.resolve()), "skills": [{
         "name": "demo", "path": str(root.resolve() / "demo"),
-        "hash": tree_hash(load_skill_tree(v1)), "changed": True, "method": "rename"}]}
+        "hash": tree_hash(load_skill_tree(v1)), "changed": True, "method": "rename"}],
+        "removed": []}
 
 
 def test_several_skills_in_one_call(root: Path, tmp_path: Path) -> None:
@@ -632,7 +633,8 @@ def test_a_symlinked_source_is_published_under_the_links_name(root: Path, tmp_pa
 
 
 def test_publish_trees_takes_loaded_trees(root: Path, v1: Path) -> None:
-    (result,) = pub.publish_trees([load_skill_tree(v1)], root)
+    (result,), pruned = pub.publish_trees([load_skill_tree(v1)], root)
+    assert pruned.removed == ()
     assert result.method == "rename" and classify(root / "demo") == "v1"
 
 

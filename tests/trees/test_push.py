@@ -258,7 +258,8 @@ def test_failing_runtime_is_reported_per_runtime_while_another_succeeds(
     assert "sandbox vanished: container gone" in reports[0]["error"]
     assert reports[0]["skills"] == []
     assert reports[1] == {"runtime": "env", "dest": str(dest), "ok": True, "error": None,
-                          "skills": [{"name": "tool", "path": str(dest / "tool")}]}
+                          "skills": [{"name": "tool", "path": str(dest / "tool")}],
+                          "removed": []}
     assert (dest / "tool/SKILL.md").is_file()
 
 
@@ -399,7 +400,9 @@ def _check_unprivileged_result(skills: Path) -> None:
     assert stat.S_IMODE((out / "bin/run").stat().st_mode) == 0o755
     assert stat.S_IMODE((out / "data").stat().st_mode) == 0o640
     assert (out / "bin/run").stat().st_uid == 65534
-    assert sorted(p.name for p in skills.iterdir()) == ["tool"]
+    # The parent is not writable: staging, the lock and the record of what was pushed (the one
+    # that stays) go inside DEST.
+    assert sorted(p.name for p in skills.iterdir()) == [".kb-record", "tool"]
     no_staging_left(skills)
 
 
@@ -416,8 +419,8 @@ def test_interrupt_mid_stream_stops_the_runtime_and_changes_nothing(
     make_skill(dest, "tool", {"v.txt": "old"})
     real_stream = runtimes.tar_stream
 
-    def interrupted(trees: Sequence[SkillTree]) -> Iterator[bytes]:
-        for i, data in enumerate(real_stream(trees, chunk=65536)):
+    def interrupted(trees: Sequence[SkillTree], *, manifest: bytes) -> Iterator[bytes]:
+        for i, data in enumerate(real_stream(trees, chunk=65536, manifest=manifest)):
             if i == 5:
                 raise _Interrupt
             yield data

@@ -142,7 +142,7 @@ def test_a_file_name_that_is_not_utf8_is_refused(tmp_path: Path) -> None:
 def test_invalid_skill_names_are_refused(tmp_path: Path, name: str) -> None:
     skill = tmp_path / name
     skill.mkdir()
-    (skill / "SKILL.md").write_text("---\ndescription: test\n---\n")
+    (skill / "SKILL.md").write_text(f"---\nname: {name}\ndescription: test\n---\n")
     with pytest.raises(SkillError, match="invalid skill name"):
         load_skill_tree(skill)
 

@@ -101,15 +101,16 @@ needs_busybox = pytest.mark.skipif(shutil.which("busybox") is None,
                                    reason="busybox is not installed")
 
 
-def busybox_runtime(tmp_path: Path) -> ExecTarget:
-    """An exec runtime whose sandbox has only busybox applets on PATH (Alpine-style)."""
+def busybox_runtime(tmp_path: Path, extra: tuple[str, ...] = ()) -> ExecTarget:
+    """An exec target whose sandbox has only busybox applets on PATH (Alpine-style): the
+    script's own list, and ``extra``."""
     applets = tmp_path / "bb"
     applets.mkdir()
     busybox = shutil.which("busybox")
     assert busybox is not None
     # No `mountpoint`: Debian's busybox has none, and minimal images often lack it.
     for applet in ("sh", "tar", "mkdir", "mv", "ln", "rm", "dirname", "basename", "printf",
-                   "echo", "kill", "env", "cat", "sleep"):
+                   "echo", "kill", "env", "cat", "sleep", *extra):
         (applets / applet).symlink_to(busybox)
     return ExecTarget((str(applets / "env"), f"PATH={applets}"))
 
