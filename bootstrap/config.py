@@ -9,21 +9,24 @@ from __future__ import annotations
 
 import glob
 import os
-import reprlib
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from bootstrap.config_file import (
+    PYPROJECT,
+    find_config_file,
+    missing_message,
+    read_toml,
+    short,
+    source_name,
+    table_of,
+)
 from bootstrap.errors import ConfigError, SkillError
 from bootstrap.trees.discovery import glob_dirs
 from bootstrap.trees.skillmd import Checked, check_layout, checked
 
-DEFAULT_FILE: Final = "kernel-bootstrap.toml"
-PYPROJECT: Final = "pyproject.toml"
-# The table of a pyproject.toml that configures us, as ruff's and pytest's do them.
-TABLE: Final = "tool.kernel-bootstrap"
-ENV_CONFIG: Final = "KERNEL_BOOTSTRAP_CONFIG"
 _KEYS: Final = frozenset(
     {"venv", "python", "requirements", "constraints", "uv-args", "skills", "ready-check",
      "snapshots", "lock", "offline"}
@@ -107,102 +110,23 @@ def bucket_url(value: str) -> Bucket | None:
     return Bucket(value.rstrip("/"))
 
 
-def find_config_file(explicit: Path | None) -> Path:
-    """``--config``, else ``$KERNEL_BOOTSTRAP_CONFIG``, else ``./kernel-bootstrap.toml``, else
-    ``./pyproject.toml`` when it has a ``[tool.kernel-bootstrap]`` table (``bootstrap.warm``
-    discovers the same file without reading TOML)."""
-    if explicit is not None:
-        return explicit
-    env = os.environ.get(ENV_CONFIG)
-    if env:
-        return Path(env)
-    if not os.path.exists(DEFAULT_FILE) and _has_table(Path(PYPROJECT)):
-        return Path(PYPROJECT)
-    return Path(DEFAULT_FILE)
-
-
-def source_name(file: Path | None) -> str:
-    """How messages name a config source: the file, and the table when it is a pyproject."""
-    return f"{file} [{TABLE}]" if file is not None and file.name == PYPROJECT else f"{file}"
-
-
 def load_config(path: Path | str | None = None) -> Config:
     """Find (see :func:`find_config_file`), read, validate and resolve the config (the keys:
     docs/architecture.md, README). Anything wrong is a
     :class:`~bootstrap.errors.ConfigError` naming the file, and the key or table."""
     explicit = Path(path) if path is not None else None
     file = find_config_file(explicit).absolute()
-    data = _read_toml(file, _missing(explicit))
+    data = read_toml(file, missing_message(explicit))
     if file.name == PYPROJECT:
-        data = _table(data, file)
+        data = table_of(data, file)
     return config_from_dict(data, file)
-
-
-def _missing(explicit: Path | None) -> str:
-    """What to say when the chosen config file does not exist, by where its name came from."""
-    if explicit is not None:
-        return f"config file {explicit} does not exist"
-    env = os.environ.get(ENV_CONFIG)
-    if env:
-        return f"config file {env} (from {ENV_CONFIG}) does not exist"
-    return (f"no config file: ./{DEFAULT_FILE} does not exist and ./{PYPROJECT} has no "
-            f"[{TABLE}] table; run `kernel-bootstrap init` to write one, or pass --config PATH")
-
-
-def _has_table(pyproject: Path) -> bool:
-    """Whether ``pyproject`` configures us; one we cannot parse does (its error is reported)."""
-    import tomllib
-
-    try:
-        data = tomllib.loads(pyproject.read_bytes().decode("utf-8"))
-    except OSError:
-        return False
-    except (ValueError, RecursionError):  # includes TOMLDecodeError and UnicodeDecodeError
-        return True
-    tool = data.get("tool")
-    return isinstance(tool, dict) and "kernel-bootstrap" in tool
-
-
-def _table(data: dict[str, Any], file: Path) -> dict[str, Any]:
-    tool = data.get("tool")
-    table = tool.get("kernel-bootstrap") if isinstance(tool, dict) else None
-    if table is None:
-        raise ConfigError(f"{source_name(file)}: no [{TABLE}] table")
-    if not isinstance(table, dict):
-        raise ConfigError(f"{source_name(file)}: must be a table, got {type(table).__name__}")
-    return table
-
-
-def _read_toml(file: Path, missing: str = "") -> dict[str, Any]:
-    import tomllib
-
-    try:
-        raw = file.read_bytes()
-    except FileNotFoundError:
-        raise ConfigError(missing or f"config file {file} does not exist") from None
-    except OSError as e:
-        raise ConfigError(f"{source_name(file)}: cannot read config file: {e.strerror}") from None
-    except ValueError:  # NUL or an unencodable character in the path itself
-        raise ConfigError(f"{_short(str(file))}: not a usable file name") from None
-    try:
-        return tomllib.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise ConfigError(f"{source_name(file)}: config file is not UTF-8 text") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{source_name(file)}: invalid TOML: {e}") from None
-    # Found by fuzzing: tomllib lets int()'s 4300-digit limit (ValueError) and deep arrays
-    # (RecursionError) escape as themselves instead of as TOMLDecodeError.
-    except ValueError as e:
-        raise ConfigError(f"{source_name(file)}: invalid TOML: {e}") from None
-    except RecursionError:
-        raise ConfigError(f"{source_name(file)}: invalid TOML: values nested too deeply") from None
 
 
 def config_from_dict(data: dict[str, Any], file: Path) -> Config:
     unknown = sorted(set(data) - _KEYS)
     if unknown:
         raise ConfigError(
-            f"{source_name(file)}: unknown key {_short(unknown[0])} "
+            f"{source_name(file)}: unknown key {short(unknown[0])} "
             f"(known: {', '.join(sorted(_KEYS))})")
     base = file.parent
     reader = _Reader(file, data)
@@ -256,7 +180,7 @@ class _Reader:
         value = self.data[key]
         return ConfigError(
             f"{source_name(self.file)}: key {key!r} must be {expected}, got {type(value).__name__} "
-            f"{_short(value)}"
+            f"{short(value)}"
         )
 
     def _check_text(self, where: str, value: str) -> str:
@@ -264,13 +188,13 @@ class _Reader:
         # a NUL, nor a lone surrogate outside the range that stands for undecodable bytes.
         if "\x00" in value:
             raise ConfigError(f"{source_name(self.file)}: {where} contains a NUL character: "
-                              f"{_short(value)}")
+                              f"{short(value)}")
         try:
             os.fsencode(value)
         except UnicodeEncodeError:
             raise ConfigError(f"{source_name(self.file)}: {where} cannot be encoded for the "
                               "operating system: "
-                              f"{_short(value)}") from None
+                              f"{short(value)}") from None
         return value
 
     def string(self, key: str) -> str | None:
@@ -303,7 +227,7 @@ def _snapshots(value: str | None, base: Path, where: str) -> Path | Bucket | Non
     try:
         bucket = bucket_url(value) if value is not None else None
     except ValueError:
-        raise ConfigError(f"{where}: {_short(value)} is neither a directory nor a bucket URL "
+        raise ConfigError(f"{where}: {short(value)} is neither a directory nor a bucket URL "
                           "(s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, az://...)") from None
     return bucket if bucket is not None or value is None else _resolve(base, value)
 
@@ -319,7 +243,7 @@ def _exists(path: Path, file: Path, where: str, kind: str) -> bool:
     try:
         return path.is_dir() if kind == "dir" else path.is_file()
     except OSError as e:  # e.g. ENAMETOOLONG or EACCES, which pathlib does not swallow
-        raise ConfigError(f"{source_name(file)}: {where}: cannot read {_short(str(path))}: "
+        raise ConfigError(f"{source_name(file)}: {where}: cannot read {short(str(path))}: "
                           f"{e.strerror}"
                           ) from None
 
@@ -336,7 +260,7 @@ _VENV_PATH_MAX: Final = 3072
 def _check_venv_path(venv: Path, where: str) -> None:
     """The venv path must leave room for what we put beside it and inside it."""
     if not venv.name:  # "/", "//", "/.": there is nowhere beside it for a lock or a rebuild
-        raise ConfigError(f"{where}: the venv cannot be the root directory {_short(str(venv))}; "
+        raise ConfigError(f"{where}: the venv cannot be the root directory {short(str(venv))}; "
                           "name a directory of its own, such as /opt/kernel-venv")
     raw = os.fsencode(venv)
     longest = max((len(part) for part in raw.split(os.fsencode(os.sep))), default=0)
@@ -344,20 +268,10 @@ def _check_venv_path(venv: Path, where: str) -> None:
         raise ConfigError(
             f"{where}: the venv's name is too long ({len(os.fsencode(venv.name))} bytes; at most "
             f"{NAME_MAX - _SIBLING_ROOM}, to leave room for its lock and staging siblings): "
-            f"{_short(str(venv))}")
+            f"{short(str(venv))}")
     if len(raw) > _VENV_PATH_MAX:
         raise ConfigError(f"{where}: the venv's path is too long ({len(raw)} bytes; at most "
-                          f"{_VENV_PATH_MAX}): {_short(str(venv))}")
-
-
-_repr = reprlib.Repr()
-_repr.maxstring = _repr.maxother = 80
-
-
-def _short(value: object) -> str:
-    """A bounded repr: a value in an error message may be anything TOML can hold."""
-    text = _repr.repr(value)  # bounded depth and item counts, yet nested items add up
-    return text if len(text) <= 160 else text[:157] + "..."
+                          f"{_VENV_PATH_MAX}): {short(str(venv))}")
 
 
 def default_venv() -> Path:

@@ -76,9 +76,10 @@ def test_the_cycle_finder_finds_one() -> None:
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("bootstrap.errors",),
     ("bootstrap.primitives",),
-    ("bootstrap.warm",),
+    ("bootstrap.warm", "bootstrap.fingerprint"),
     ("bootstrap.places",),
     ("bootstrap.trees",),
+    ("bootstrap.config_file",),
     ("bootstrap.config",),
     ("bootstrap.env",),
     ("bootstrap.skills",),

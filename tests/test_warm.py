@@ -11,9 +11,9 @@ from pathlib import Path
 import platformdirs
 import pytest
 
-from bootstrap import warm
+from bootstrap import fingerprint, warm
 from bootstrap.arguments import UsageError, build_parser, parse_args
-from bootstrap.config import find_config_file
+from bootstrap.config_file import find_config_file
 from testing.world import World
 
 # -- parity with what warm.py copies -----------------------------------------------------------
@@ -233,7 +233,8 @@ def stamped(tmp_path: Path) -> tuple[str, list[str]]:
     other = tmp_path / "pyproject.toml"
     other.write_text("[project]\n")
     paths = [str(config), str(other), str(tmp_path / "absent")]
-    warm.save(str(config), "/v", "/v/bin/python", warm.stamps([*paths, "/v/bin/python"]))
+    fingerprint.save(str(config), "/v", "/v/bin/python",
+                     fingerprint.stamps([*paths, "/v/bin/python"]))
     return str(config), paths
 
 
@@ -306,7 +307,7 @@ def test_a_planted_fingerprint_is_ignored_without_blocking_or_reading_it_whole(
 def test_a_config_path_too_long_for_a_file_name_is_never_fingerprinted(tmp_path: Path) -> None:
     config = str(tmp_path / ("c" * 250) / "kernel-bootstrap.toml")
     assert warm.fingerprint_path(config) is None
-    warm.save(config, "/v", "/v/bin/python", [])
+    fingerprint.save(config, "/v", "/v/bin/python", [])
     assert warm.check(config) is None
 
 
@@ -314,7 +315,7 @@ def test_save_does_not_rewrite_an_identical_fingerprint(stamped: tuple[str, list
     config, paths = stamped
     path = Path(str(warm.fingerprint_path(config)))
     before = os.stat(path)
-    warm.save(config, "/v", "/v/bin/python", warm.stamps([*paths, "/v/bin/python"]))
+    fingerprint.save(config, "/v", "/v/bin/python", fingerprint.stamps([*paths, "/v/bin/python"]))
     after = os.stat(path)
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
 
@@ -418,15 +419,17 @@ def test_a_file_stamped_within_its_clock_tick_is_checked_fully_next_time(
     config.write_text("")
     skill_md = tmp_path / "SKILL.md"
     skill_md.write_text("name: a\n")  # changed just now, as an agent may have
-    warm.save(str(config), "/v", "/v/bin/python",
-              warm.input_stamps([str(config), str(skill_md)]) + warm.stamps(["/v/bin/python"]))
+    fingerprint.save(str(config), "/v", "/v/bin/python",
+                     fingerprint.input_stamps([str(config), str(skill_md)])
+                     + fingerprint.stamps(["/v/bin/python"]))
     assert warm.check(str(config)) is None
     for path in (config, skill_md):  # settled: stamped as they are, and believed
         old = time.time_ns() - 60 * 10**9
         os.utime(path, ns=(old, old))
     time.sleep(0.05)  # ctime is set by utime itself: let it age past the tick
-    warm.save(str(config), "/v", "/v/bin/python",
-              warm.input_stamps([str(config), str(skill_md)]) + warm.stamps(["/v/bin/python"]))
+    fingerprint.save(str(config), "/v", "/v/bin/python",
+                     fingerprint.input_stamps([str(config), str(skill_md)])
+                     + fingerprint.stamps(["/v/bin/python"]))
     assert warm.check(str(config)) == ("/v", "/v/bin/python")
 
 

@@ -7,7 +7,8 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from bootstrap.config import find_config_file, load_config
+from bootstrap.config import load_config
+from bootstrap.config_file import find_config_file
 from bootstrap.env.venv import recover
 from bootstrap.errors import EXIT_OK
 from bootstrap.primitives import lock

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Final
 
-from bootstrap.config import DEFAULT_FILE, PYPROJECT, TABLE
+from bootstrap.config_file import DEFAULT_FILE, PYPROJECT, TABLE
 from bootstrap.errors import EXIT_OK, ConfigError
 
 # Every key with its default, commented; `status` accepts the file as written (a test holds it).

@@ -14,7 +14,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from bootstrap import warm
+from bootstrap import fingerprint
 from bootstrap.config import Config
 from bootstrap.engine.results import Action, EnsureResult
 from bootstrap.engine.status import Status, status
@@ -62,8 +62,8 @@ def ensure(config: Config, *, lock_timeout: float = 300.0, force: bool = False,
 
         return ensure_override(config)
     live = Venv.at(config.venv)
-    config_stamps = warm.input_stamps(_config_paths(config))
-    venv_stamps = warm.stamps(_venv_paths(live))
+    config_stamps = fingerprint.input_stamps(_config_paths(config))
+    venv_stamps = fingerprint.stamps(_venv_paths(live))
     found = status(config)
     # Once per full check (the warm path skips all of this until a skill changes).
     skillmd.report((s.name, s.spec) for s in config.skills)
@@ -84,7 +84,7 @@ def ensure(config: Config, *, lock_timeout: float = 300.0, force: bool = False,
         cut_short = interrupted_rebuild(config.venv)
         recover(config.venv)
         # Another process may have finished this while we waited for the lock.
-        venv_stamps = warm.stamps(_venv_paths(live))
+        venv_stamps = fingerprint.stamps(_venv_paths(live))
         found = status(config)
         if _nothing_due(found, force, reinstall, retry):
             return _settled(config, live, found, config_stamps + venv_stamps)
@@ -151,7 +151,7 @@ def _make_ready(config: Config, live: Venv, found: Status,
     # failures, the start is warm only while each of them backs off.
     after = None if not outcome.failed else status(config)
     if after is None or after.settled:
-        _remember(config, live, config_stamps + warm.stamps(_venv_paths(live)), after)
+        _remember(config, live, config_stamps + fingerprint.stamps(_venv_paths(live)), after)
     return EnsureResult(live.python, config.venv, action,
                         tuple(outcome.installed), outcome.failed, tuple(outcome.removed))
 
@@ -171,7 +171,7 @@ def _rebuild_noted(config: Config, uv: Uv, snapshots: restore.Plan | None,
                          "retry_at", retry_at=backoff.iso(failure.retry_at),
                          failures=failure.failures)
                 # The venv is as it was, but for the record: the next start answers warm.
-                stamped = config_stamps + warm.stamps(_venv_paths(Venv.at(config.venv)))
+                stamped = config_stamps + fingerprint.stamps(_venv_paths(Venv.at(config.venv)))
                 backoff.remember_refusal(config, failure, stamped)
         raise
     backoff.clear_rebuild_failure(config.venv)
@@ -223,7 +223,7 @@ def _remember(config: Config, venv: Venv, stamped: list[tuple[str, str]],
     failures = [(s.name, s.failure) for s in (found.backed_off if found else []) if s.failure]
     failed = tuple((name, f.failures, backoff.iso(f.retry_at), f.error) for name, f in failures)
     until = min((f.retry_at for _, f in failures), default=None)
-    warm.save(str(config.path), str(venv.path), str(venv.python), stamped, failed, until)
+    fingerprint.save(str(config.path), str(venv.path), str(venv.python), stamped, failed, until)
 
 
 def _say_why_rebuild(found: Status, force: bool, asked: tuple[str, ...]) -> None:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import re
 from typing import Final
 
-from bootstrap.config import Config, source_name
+from bootstrap.config import Config
+from bootstrap.config_file import source_name
 from bootstrap.errors import ConfigError
 
 # A name, extras and plain version bounds (``ipykernel>=6``): surely PEP 508, so such a

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from bootstrap import warm
+from bootstrap import fingerprint, warm
 from bootstrap.config import Config
 from bootstrap.env.identity import identity_of, runtime_inputs
 from bootstrap.env.marker import FailedRecord
@@ -188,7 +188,7 @@ def refuse_rebuild(config: Config, failure: Failure | None, stamped: list[tuple[
 
 def remember_refusal(config: Config, failure: Failure, stamped: list[tuple[str, str]]) -> None:
     if stamped and config.path is not None:
-        warm.save(str(config.path), str(config.venv), str(interpreter(config.venv)), stamped,
+        fingerprint.save(str(config.path), str(config.venv), str(interpreter(config.venv)), stamped,
                   until=failure.retry_at, refused=backed_off_message(failure))
 
 

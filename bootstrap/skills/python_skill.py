@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from bootstrap.config import PYPROJECT, Skill
+from bootstrap.config import Skill
+from bootstrap.config_file import PYPROJECT
 from bootstrap.env.requirements import canonical, requirement_name
 from bootstrap.primitives.fs import write_file
 

@@ -1,0 +1,108 @@
+"""Which file is the config, and reading it: ``--config``, ``$KERNEL_BOOTSTRAP_CONFIG``,
+``./kernel-bootstrap.toml``, or the ``[tool.kernel-bootstrap]`` table of ``./pyproject.toml``;
+TOML parsed with every way it can fail named. What the keys mean is ``config.py``'s.
+"""
+
+from __future__ import annotations
+
+import os
+import reprlib
+from pathlib import Path
+from typing import Any, Final
+
+from bootstrap.errors import ConfigError
+
+DEFAULT_FILE: Final = "kernel-bootstrap.toml"
+PYPROJECT: Final = "pyproject.toml"
+# The table of a pyproject.toml that configures us, as ruff's and pytest's do them.
+TABLE: Final = "tool.kernel-bootstrap"
+ENV_CONFIG: Final = "KERNEL_BOOTSTRAP_CONFIG"
+
+
+def find_config_file(explicit: Path | None) -> Path:
+    """``--config``, else ``$KERNEL_BOOTSTRAP_CONFIG``, else ``./kernel-bootstrap.toml``, else
+    ``./pyproject.toml`` when it has a ``[tool.kernel-bootstrap]`` table (``bootstrap.warm``
+    discovers the same file without reading TOML)."""
+    if explicit is not None:
+        return explicit
+    env = os.environ.get(ENV_CONFIG)
+    if env:
+        return Path(env)
+    if not os.path.exists(DEFAULT_FILE) and _has_table(Path(PYPROJECT)):
+        return Path(PYPROJECT)
+    return Path(DEFAULT_FILE)
+
+
+def source_name(file: Path | None) -> str:
+    """How messages name a config source: the file, and the table when it is a pyproject."""
+    return f"{file} [{TABLE}]" if file is not None and file.name == PYPROJECT else f"{file}"
+
+
+def missing_message(explicit: Path | None) -> str:
+    """What to say when the chosen config file does not exist, by where its name came from."""
+    if explicit is not None:
+        return f"config file {explicit} does not exist"
+    env = os.environ.get(ENV_CONFIG)
+    if env:
+        return f"config file {env} (from {ENV_CONFIG}) does not exist"
+    return (f"no config file: ./{DEFAULT_FILE} does not exist and ./{PYPROJECT} has no "
+            f"[{TABLE}] table; run `kernel-bootstrap init` to write one, or pass --config PATH")
+
+
+def _has_table(pyproject: Path) -> bool:
+    """Whether ``pyproject`` configures us; one we cannot parse does (its error is reported)."""
+    import tomllib
+
+    try:
+        data = tomllib.loads(pyproject.read_bytes().decode("utf-8"))
+    except OSError:
+        return False
+    except (ValueError, RecursionError):  # includes TOMLDecodeError and UnicodeDecodeError
+        return True
+    tool = data.get("tool")
+    return isinstance(tool, dict) and "kernel-bootstrap" in tool
+
+
+def table_of(data: dict[str, Any], file: Path) -> dict[str, Any]:
+    tool = data.get("tool")
+    table = tool.get("kernel-bootstrap") if isinstance(tool, dict) else None
+    if table is None:
+        raise ConfigError(f"{source_name(file)}: no [{TABLE}] table")
+    if not isinstance(table, dict):
+        raise ConfigError(f"{source_name(file)}: must be a table, got {type(table).__name__}")
+    return table
+
+
+def read_toml(file: Path, missing: str = "") -> dict[str, Any]:
+    import tomllib
+
+    try:
+        raw = file.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(missing or f"config file {file} does not exist") from None
+    except OSError as e:
+        raise ConfigError(f"{source_name(file)}: cannot read config file: {e.strerror}") from None
+    except ValueError:  # NUL or an unencodable character in the path itself
+        raise ConfigError(f"{short(str(file))}: not a usable file name") from None
+    try:
+        return tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(f"{source_name(file)}: config file is not UTF-8 text") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{source_name(file)}: invalid TOML: {e}") from None
+    # Found by fuzzing: tomllib lets int()'s 4300-digit limit (ValueError) and deep arrays
+    # (RecursionError) escape as themselves instead of as TOMLDecodeError.
+    except ValueError as e:
+        raise ConfigError(f"{source_name(file)}: invalid TOML: {e}") from None
+    except RecursionError:
+        raise ConfigError(f"{source_name(file)}: invalid TOML: values nested too deeply") from None
+
+
+_repr = reprlib.Repr()
+_repr.maxstring = _repr.maxother = 80
+
+
+def short(value: object) -> str:
+    """A bounded repr: a value in an error message may be anything TOML can hold."""
+    text = _repr.repr(value)  # bounded depth and item counts, yet nested items add up
+    return text if len(text) <= 160 else text[:157] + "..."
