@@ -18,9 +18,12 @@ import os
 import stat  # already imported by os itself: free
 import sys
 
-FORMAT = "kernel-bootstrap-warm 1"
+# 2: generations. A format-1 fingerprint may vouch for a plain-directory venv of an earlier
+# release, which the first full check converts into a generation: it must not answer "ready".
+FORMAT = "kernel-bootstrap-warm 2"
 # Environment that changes what the full check would conclude.
-ENV_KEYS = ("KERNEL_BOOTSTRAP_VENV", "KERNEL_BOOTSTRAP_PYTHON", "KERNEL_BOOTSTRAP_SNAPSHOTS")
+ENV_KEYS = ("KERNEL_BOOTSTRAP_VENV", "KERNEL_BOOTSTRAP_PYTHON", "KERNEL_BOOTSTRAP_SNAPSHOTS",
+            "KERNEL_BOOTSTRAP_NO_GENERATIONS")
 _MAX_NAME = 200
 # A fingerprint of a config with 1,000 skills is ~300 KiB; anything bigger is not ours.
 _MAX_FINGERPRINT = 4 * 1024 * 1024

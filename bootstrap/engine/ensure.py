@@ -10,6 +10,7 @@ rebuilds.
 
 from __future__ import annotations
 
+import os
 from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
@@ -18,6 +19,7 @@ from bootstrap import warm
 from bootstrap.config import Config
 from bootstrap.engine.results import Action, EnsureResult
 from bootstrap.engine.status import Status, status
+from bootstrap.env import generations
 from bootstrap.env.identity import identity_of, runtime_inputs
 from bootstrap.env.marker import RuntimeRecord, SkillRecord, base_marker, write_marker
 from bootstrap.env.requirements import validate_requirements
@@ -29,7 +31,6 @@ from bootstrap.env.venv import (
     is_venv,
     recover,
     staging_path,
-    swap_into_place,
 )
 from bootstrap.errors import BootstrapError, ConfigError, UvError
 from bootstrap.primitives import lock, log, process, progress
@@ -58,7 +59,9 @@ def ensure(config: Config, *, lock_timeout: float = 300.0, force: bool = False,
     config_stamps = warm.stamps(_config_paths(config))
     venv_stamps = warm.stamps(_venv_paths(live))
     found = status(config)
-    if found.ready and not force and not reinstall:
+    # A plain-directory venv of an earlier release becomes a generation under the lock.
+    if found.ready and not force and not reinstall and not generations.wants_conversion(
+            config.venv):
         _remember(config, live, config_stamps + venv_stamps)
         return EnsureResult(found.python, config.venv, "ready")
     if force or not found.base_current:
@@ -71,8 +74,9 @@ def ensure(config: Config, *, lock_timeout: float = 300.0, force: bool = False,
         # One that is means a session died building the runtime: this one leaves the skills
         # out of that step (see _install_runtime), so that the runtime lands (and is recorded)
         # as soon as it can.
-        cut_short = interrupted_rebuild(config.venv)
+        cut_short = interrupted_rebuild(config.venv) or generations.interrupted(config.venv)
         recover(config.venv)
+        generations.convert(config.venv)
         # Another process may have finished this while we waited for the lock.
         venv_stamps = warm.stamps(_venv_paths(live))
         found = status(config)
@@ -103,7 +107,8 @@ def _make_ready(config: Config, live: Venv, found: Status, force: bool,
         progress.start(2 + bool(config.requirements or config.lock) + skills_step)
         snapshots = _snapshot_plan(config, uv)
         action = "rebuild"
-        runtime, restored, rode = rebuild(config, uv, snapshots, with_skills=with_skills)
+        runtime, restored, rode = rebuild(config, uv, snapshots, with_skills=with_skills,
+                                          adopt=not force)
     outcome = sync_skills(config, uv, runtime, reinstall)
     outcome.installed[:0] = [n for n in rode if n not in outcome.installed]
     progress.finish("ready" if not outcome.failed
@@ -167,21 +172,31 @@ def _say_why_rebuild(found: Status, force: bool) -> None:
 
 
 def rebuild(config: Config, uv: Uv, snapshots: restore.Plan | None = None, *,
-            with_skills: bool = True) -> tuple[RuntimeRecord, bool, list[str]]:
-    """Build a new venv beside the live one, validate it, write its base marker, swap it in.
+            with_skills: bool = True, adopt: bool = True) -> tuple[RuntimeRecord, bool, list[str]]:
+    """Build a new generation (or, without generations, a staged venv) beside the live one,
+    validate it, write its base marker, put it in place (``env/generations.place``).
 
-    Restores the snapshot instead when the store has a usable one; the flag says which.
-    ``with_skills``: skills may be built and installed along with the runtime (see
-    :func:`_install_runtime`); the list names those installed (the base marker records them).
+    ``adopt``: a complete generation of this runtime already beside the venv (a killed
+    session's) is put in place instead. Restores the snapshot instead when the store has a
+    usable one; the flag says which. ``with_skills``: skills may be built and installed along
+    with the runtime (see :func:`_install_runtime`); the list names those installed (the base
+    marker records them).
     """
     live = config.venv
     _refuse_foreign_directory(live)
+    generations.convert(live)
+    adopted = generations.adoptable(config) if adopt else None
+    if adopted is not None:
+        log.info("adopting a complete generation left by an earlier session",
+                 generation=str(adopted[0]))
+        generations.place(live, adopted[0])
+        return adopted[1], False, []
     if snapshots is not None and snapshots.available:
         progress.note("restoring a snapshot")
         restored = _restore(config, snapshots)
         if restored is not None:
             return restored, True, []
-    staged = Venv.at(staging_path(live))
+    staged = Venv.at(generations.build_path(live))
     skills: dict[str, SkillRecord] = {}
     with removed_on_failure(staged.path):
         progress.step("creating the venv")
@@ -194,6 +209,7 @@ def rebuild(config: Config, uv: Uv, snapshots: restore.Plan | None = None, *,
         elif config.requirements:
             skills = _install_runtime(config, uv, staged, with_skills)
         progress.step("checking the new venv")
+        generations.prepare(staged.path)
         # uv cannot install into an interpreter without running it (it asks the interpreter
         # for its paths and markers): after the requirements landed, the bare "does it run"
         # child would only repeat that (15-60 ms, by load).
@@ -202,7 +218,7 @@ def rebuild(config: Config, uv: Uv, snapshots: restore.Plan | None = None, *,
         # The base marker lands with the venv: a session killed during the skill sync leaves
         # a marker that says "runtime done", so the next one never rebuilds it.
         write_marker(staged.path, base_marker(runtime, skills))
-        method = swap_into_place(staged.path, live)
+        method = generations.place(live, staged.path)
     log.info("runtime ready", venv=str(live), swap=method)
     return runtime, False, sorted(skills)
 
@@ -257,12 +273,17 @@ def _restore(config: Config, snapshots: restore.Plan) -> RuntimeRecord | None:
     from bootstrap.primitives.tar import BadArchive
 
     staging = staging_path(config.venv)
+    target = generations.build_path(config.venv)
     try:
-        with removed_on_failure(staging):
+        with removed_on_failure(staging), removed_on_failure(target):
             venv = snapshots.extract(staging)
+            if generations.is_generation(config.venv, target):  # out of the archive's tree
+                os.rename(venv, target)
+                generations.prepare(target)
+                venv = target
             runtime = _runtime_record(config, _validate(Venv.at(venv), config))
             snapshots.claim_marker(venv, runtime)
-            method = swap_into_place(venv, config.venv)
+            method = generations.place(config.venv, venv)
     except (BadArchive, BootstrapError) as e:
         log.warning("snapshot unusable; building the venv instead",
                     snapshot=str(snapshots.archive), error=str(e))
@@ -274,6 +295,11 @@ def _restore(config: Config, snapshots: restore.Plan) -> RuntimeRecord | None:
 
 
 def _refuse_foreign_directory(live: Path) -> None:
+    if generations.supported() and generations.is_foreign_link(live):
+        raise ConfigError(
+            f"{live} is a symbolic link kernel-bootstrap did not make; refusing to replace it. "
+            "Point `venv` (or KERNEL_BOOTSTRAP_VENV) at another path, or remove it yourself."
+        )
     if live.is_dir() and not is_venv(live) and any(live.iterdir()):
         raise ConfigError(
             f"{live} exists and is not a virtual environment; refusing to replace it. "
