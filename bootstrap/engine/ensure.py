@@ -99,6 +99,7 @@ def _make_ready(config: Config, live: Venv, found: Status, force: bool,
     if found.base_current and not force and found.marker.data is not None:
         action: Action = "skills"
         runtime = found.marker.data["runtime"]
+        generations.remove_unused(config.venv)  # a kill after a flip left the old one
         progress.start(skills_step)
     else:
         validate_requirements(config)  # cheap when done already; the state may have moved

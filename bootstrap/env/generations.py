@@ -218,7 +218,8 @@ def place(live: Path, tree: Path) -> str:
 def prepare(generation: Path) -> None:
     """Make a built generation pin the processes that will start in it (before validation,
     which then runs with the pin, and before the base marker, which means "complete")."""
-    pin.install(generation, Venv.at(generation).site_packages())
+    venv = Venv.at(generation)
+    pin.install(generation, venv.site_packages(), venv.python)
 
 
 def flip(live: Path, generation: Path) -> str:
@@ -252,6 +253,7 @@ def convert(live: Path) -> Path | None:
     if not supported() or not is_real_dir(live) or not Venv.at(live).marker.is_file():
         return None
     prepare(live)  # processes started from here on pin themselves; earlier ones cannot
+    _reap_links(live)  # a conversion killed before its exchange
     generation = new_path(live)
     os.symlink(generation.name, generation)
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -91,13 +92,15 @@ def test_json_output_has_the_documented_shape(world: World) -> None:
                     "remaining": []}
 
 
-def test_force_rebuilds_from_scratch_through_the_staged_path(world: World) -> None:
+def test_force_rebuilds_from_scratch_into_a_new_generation(world: World) -> None:
+    before = os.readlink(world.venv)
     data = repair_json(world, "--force")
     assert data["healthy"] is True
     assert data["found"] == []
     assert data["done"][0].startswith("rebuilt the runtime at ")
     [venv_call] = world.venv_calls()
-    assert ".venv.stage-" in venv_call[-1]
+    # Built in a new generation, which the link now names (never the one it replaces).
+    assert os.path.basename(venv_call[-1]) == os.readlink(world.venv) != before
     assert world.imports("requests") and world.imports("alpha") and world.imports("beta")
     assert_warm_next(world)
 
