@@ -3,9 +3,9 @@
 Read the marker without the lock; if everything it records is current, return the interpreter:
 no uv, no writes, no child process. Otherwise take the lock and check again, since another
 process may have finished the work while we waited. If the runtime is current, sync skills only.
-Otherwise rebuild beside the live venv (or restore a snapshot of the same runtime), write the
-base marker, swap the new venv in, then sync skills. The interpreter path never changes across
-rebuilds.
+Otherwise rebuild beside the live venv, in a new generation (or adopt one a killed session
+completed, or restore a snapshot of the same runtime), write the base marker, flip the venv's
+link to it, then sync skills. The interpreter path never changes across rebuilds.
 """
 
 from __future__ import annotations
