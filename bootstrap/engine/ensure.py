@@ -191,6 +191,7 @@ def rebuild(config: Config, uv: Uv, snapshots: restore.Plan | None = None, *,
         log.info("adopting a complete generation left by an earlier session",
                  generation=str(adopted[0]))
         generations.place(live, adopted[0])
+        generations.remove_unused(live)
         return adopted[1], False, []
     if snapshots is not None and snapshots.available:
         progress.note("restoring a snapshot")
@@ -199,7 +200,7 @@ def rebuild(config: Config, uv: Uv, snapshots: restore.Plan | None = None, *,
             return restored, True, []
     staged = Venv.at(generations.build_path(live))
     skills: dict[str, SkillRecord] = {}
-    with removed_on_failure(staged.path):
+    with generations.removed_unless_current(live, staged.path):
         progress.step("creating the venv")
         uv.create_venv(staged.path, config.python)
         if config.lock is not None:
@@ -220,6 +221,7 @@ def rebuild(config: Config, uv: Uv, snapshots: restore.Plan | None = None, *,
         # a marker that says "runtime done", so the next one never rebuilds it.
         write_marker(staged.path, base_marker(runtime, skills))
         method = generations.place(live, staged.path)
+    generations.remove_unused(live)
     log.info("runtime ready", venv=str(live), swap=method)
     return runtime, False, sorted(skills)
 
@@ -267,7 +269,8 @@ def _runtime_record(config: Config, version: str) -> RuntimeRecord:
 
 
 def _restore(config: Config, snapshots: restore.Plan) -> RuntimeRecord | None:
-    """Restore the snapshot into staging, validate it like a fresh build, swap it in.
+    """Restore the snapshot into a new generation (through staging), validate it like a fresh
+    build, put it in place.
 
     Anything wrong with it is a warning naming the archive and None: the caller builds.
     """
@@ -276,7 +279,8 @@ def _restore(config: Config, snapshots: restore.Plan) -> RuntimeRecord | None:
     staging = staging_path(config.venv)
     target = generations.build_path(config.venv)
     try:
-        with removed_on_failure(staging), removed_on_failure(target):
+        with removed_on_failure(staging), generations.removed_unless_current(config.venv,
+                                                                             target):
             venv = snapshots.extract(staging)
             if generations.is_generation(config.venv, target):  # out of the archive's tree
                 os.rename(venv, target)
@@ -285,6 +289,7 @@ def _restore(config: Config, snapshots: restore.Plan) -> RuntimeRecord | None:
             runtime = _runtime_record(config, _validate(Venv.at(venv), config))
             snapshots.claim_marker(venv, runtime)
             method = generations.place(config.venv, venv)
+        generations.remove_unused(config.venv)
     except (BadArchive, BootstrapError) as e:
         log.warning("snapshot unusable; building the venv instead",
                     snapshot=str(snapshots.archive), error=str(e))

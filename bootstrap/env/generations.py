@@ -21,6 +21,7 @@ import contextlib
 import errno
 import os
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -39,7 +40,7 @@ from bootstrap.env.venv import (
 )
 from bootstrap.primitives import log
 from bootstrap.primitives.atomic import exchange
-from bootstrap.primitives.fs import fsync_dir, is_real_dir, remove_tree
+from bootstrap.primitives.fs import fsync_dir, is_real_dir, remove_quietly, remove_tree
 
 GEN: Final = "gen"
 _NOLOCK: Final = {errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES}
@@ -207,12 +208,22 @@ def build_path(live: Path) -> Path:
 
 def place(live: Path, tree: Path) -> str:
     """Put the validated ``tree`` (from :func:`build_path`) at ``<venv>``; the method used.
-    After a flip, the generations no process uses go."""
+    The caller then removes the generations no process uses (:func:`remove_unused`)."""
     if not is_generation(live, tree):
         return swap_into_place(tree, live)
-    method = flip(live, tree)
-    remove_unused(live)
-    return method
+    return flip(live, tree)
+
+
+@contextlib.contextmanager
+def removed_unless_current(live: Path, tree: Path) -> Iterator[Path]:
+    """Remove the tree being built if the block fails, unless it became current first (an
+    interrupt just after the flip): ``<venv>`` must never name a removed generation."""
+    try:
+        yield tree
+    except BaseException:
+        if current(live) != tree:
+            remove_quietly(tree)
+        raise
 
 
 def prepare(generation: Path) -> None:
@@ -236,8 +247,17 @@ def flip(live: Path, generation: Path) -> str:
         with contextlib.suppress(OSError):
             os.unlink(link)
         raise
-    fsync_dir(live.parent)
+    _synced(live)
     return "flip"
+
+
+def _synced(live: Path) -> None:
+    # The new generation is in place: failing to make that durable must not fail the rebuild.
+    try:
+        fsync_dir(live.parent)
+    except OSError as e:
+        log.warning("the new venv is in place, but its directory could not be synced; the "
+                    "change may not survive a power loss", path=str(live), error=str(e))
 
 
 def convert(live: Path) -> Path | None:
@@ -267,7 +287,7 @@ def convert(live: Path) -> Path | None:
         log.info("the venv stays a plain directory: this file system cannot exchange it for "
                  "a link", venv=str(live))
         return None
-    fsync_dir(live.parent)
+    _synced(live)
     log.info("the venv is now the first generation", venv=str(live), generation=str(generation))
     return generation
 
