@@ -245,3 +245,26 @@ def test_status_is_read_only_about_generations(world: World,
     assert "generation: " + str(current(world)) in text.stdout
     assert "(in use)" in text.stdout
     assert {p: os.stat(world.root / p).st_mtime_ns for p in generations(world)} == before
+
+
+def test_a_snapshot_written_from_a_generation_restores_into_a_new_generation(
+        tmp_path: Path) -> None:
+    w = World(tmp_path / "w")
+    w.write_config(requirements=RUNTIME, snapshots="store")
+    w.skill("alpha")
+    w.ensure()
+    [archive] = (w.root / "store").glob("*.tar")
+    names = subprocess.run(["tar", "-tf", str(archive)], capture_output=True, text=True,
+                           check=True).stdout.split()
+    assert "venv/pyvenv.cfg" in names and "venv/.in-use" not in names  # the tree, not the link
+    other = w.root / "other"
+    w.clear_log()
+    result = w.ensure("--json", env={"KERNEL_BOOTSTRAP_VENV": str(other)})
+    assert json.loads(result.stdout)["action"] == "rebuild" and w.uv_calls() == []
+    gen = w.root / os.readlink(other)
+    assert gen.name.startswith(".other.gen-") and (gen / ".in-use").is_file()
+    done = subprocess.run([str(other / "bin" / "python"), "-c",
+                           "import sys, alpha; print(sys.prefix)"],
+                          capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == str(gen)
+    assert not list(w.root.glob(".other.stage-*"))
