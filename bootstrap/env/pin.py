@@ -38,17 +38,37 @@ PIN_NAME: Final = "000-kernel-bootstrap-pin.pth"
 MODULE: Final = "_kernel_bootstrap_pin"
 IN_USE: Final = ".in-use"
 
-# The .pth imports a module beside it rather than carrying the code itself: site compiles a
-# .pth line at every start (~0.5 ms for this much code), while the module's bytecode is cached
-# in __pycache__ after its first import, as for any module in site-packages. os and sys are
+# The .pth runs the module beside it from its bytecode, loaded by path: site compiles a .pth
+# line at every start (~0.5 ms for all of the code), and an import would search sys.path,
+# listing the standard library's directories that `python -c pass` never lists. os and sys are
 # loaded already; fcntl is the one extra import (a small extension module).
 _SOURCE: Final = """\
 \"\"\"kernel-bootstrap's generation pin (see 000-kernel-bootstrap-pin.pth); never import it.\"\"\"
 import os, sys
 
 
-def _pin():
+def _fcntl():
+    # By its path where the interpreter keeps it: an import would search sys.path, listing
+    # the standard library's directory, which a bare start never does (~0.2 ms).
+    if "fcntl" not in sys.builtin_module_names:
+        try:
+            ext = sys.modules["_frozen_importlib_external"]
+            path = "%%s/%%s/python%%d.%%d/lib-dynload/fcntl%%s" %% (
+                sys.base_exec_prefix, sys.platlibdir, *sys.version_info[:2],
+                ext.EXTENSION_SUFFIXES[0])
+            spec = ext.spec_from_file_location("fcntl", path)
+            module = sys.modules["_frozen_importlib"].module_from_spec(spec)
+            spec.loader.exec_module(module)
+            sys.modules["fcntl"] = module
+            return module
+        except Exception:
+            pass
     import fcntl
+    return fcntl
+
+
+def _pin():
+    fcntl = _fcntl()
     link = sys.prefix
     for _ in range(3):
         try:  # one readlink, not realpath's lstat per component: only <venv> is our link
@@ -87,6 +107,37 @@ def module_source() -> bytes:
     return (_SOURCE % {"in_use": os.sep + IN_USE}).encode()
 
 
+# The one line of the .pth (site executes a line only if it starts with "import", and whole).
+# Paths are relative to sys.prefix: the generation's own, or <venv> naming it at this instant.
+# Bytecode of another interpreter (its magic number differs) or none: compiled from source.
+_LOADER: Final = """\
+try:
+    _kb = sys.prefix + "/"
+    try:
+        _kb_data = open(_kb + %(pyc)r, "rb").read()
+        if _kb_data[:4] != sys.modules["_frozen_importlib_external"].MAGIC_NUMBER:
+            raise ValueError
+        _kb_code = __import__("marshal").loads(memoryview(_kb_data)[16:])
+    except Exception:
+        _kb_code = compile(open(_kb + %(source)r, "rb").read(), %(source)r, "exec")
+    exec(_kb_code, {"__name__": %(module)r})
+except Exception:
+    pass
+"""
+
+
+def pth_line(source: str, pyc: str) -> bytes:
+    """The ``.pth`` line running the module at ``source`` (its bytecode at ``pyc``), both
+    relative to the generation."""
+    loader = _LOADER % {"pyc": pyc, "source": source, "module": MODULE}
+    return f"import sys; exec({loader!r})\n".encode()
+
+
+# Prints where the bytecode went; py_compile writes even under PYTHONDONTWRITEBYTECODE, which
+# kernels may run with.
+_COMPILE: Final = "import py_compile, sys; print(py_compile.compile(sys.argv[1], doraise=True))"
+
+
 def install(generation: Path, site_packages: list[Path], python: Path) -> None:
     """Make ``generation`` pin the processes that start in it: its ``.in-use`` file, then the
     module and the ``.pth`` in each of its site-packages directories (durable: the base marker
@@ -99,7 +150,10 @@ def install(generation: Path, site_packages: list[Path], python: Path) -> None:
         if directory.is_dir():
             module = directory / f"{MODULE}.py"
             write_atomic(module, module_source())
-            write_atomic(directory / PIN_NAME, f"import {MODULE}\n".encode())
-            # py_compile writes even under PYTHONDONTWRITEBYTECODE, as kernels may run with it.
-            # Without the bytecode the pin still works, compiled at every start (~0.5 ms).
-            process.run(python, "-m", "py_compile", module, check=False, timeout=60)
+            source = module.relative_to(generation).as_posix()
+            # Without bytecode the pin still works, compiled at every start (~0.5 ms).
+            done = process.run(python, "-c", _COMPILE, module, check=False, timeout=60)
+            pyc = Path(done.stdout.strip())
+            relative = pyc.relative_to(generation).as_posix() \
+                if done.returncode == 0 and pyc.is_relative_to(generation) else source
+            write_atomic(directory / PIN_NAME, pth_line(source, relative))
