@@ -40,7 +40,13 @@ from bootstrap.env.venv import (
 )
 from bootstrap.primitives import log
 from bootstrap.primitives.atomic import exchange
-from bootstrap.primitives.fs import fsync_dir, is_real_dir, remove_quietly, remove_tree
+from bootstrap.primitives.fs import (
+    fsync_dir,
+    is_real_dir,
+    open_regular,
+    remove_quietly,
+    remove_tree,
+)
 
 GEN: Final = "gen"
 _NOLOCK: Final = {errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES}
@@ -103,9 +109,8 @@ def others(live: Path) -> list[Path]:
 
 
 def _open_in_use(generation: Path) -> int | None:
-    try:
-        return os.open(generation / pin.IN_USE,
-                       os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:  # never through a link, never blocking, a regular file only: like our state files
+        return open_regular(generation / pin.IN_USE)
     except OSError:
         return None  # no file: no process can hold its lock (a pin finding none pins nothing)
 
