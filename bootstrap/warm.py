@@ -24,9 +24,11 @@ import stat  # already imported by os itself: free
 import sys
 import time  # built in, and imported by every interpreter's start: free
 
-FORMAT = "kernel-bootstrap-warm 1"
+# 2: generations (a format-1 one may vouch for a plain venv the full check must convert).
+FORMAT = "kernel-bootstrap-warm 2"
 # Environment that changes what the full check would conclude.
-ENV_KEYS = ("KERNEL_BOOTSTRAP_VENV", "KERNEL_BOOTSTRAP_PYTHON", "KERNEL_BOOTSTRAP_SNAPSHOTS")
+ENV_KEYS = ("KERNEL_BOOTSTRAP_VENV", "KERNEL_BOOTSTRAP_PYTHON", "KERNEL_BOOTSTRAP_SNAPSHOTS",
+            "KERNEL_BOOTSTRAP_NO_GENERATIONS")
 _MAX_NAME = 200
 # A fingerprint of a config with 1,000 skills is ~300 KiB; anything bigger is not ours.
 _MAX_FINGERPRINT = 4 * 1024 * 1024

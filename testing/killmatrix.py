@@ -33,6 +33,7 @@ from typing import Any
 
 from bootstrap.config import load_config
 from bootstrap.engine.status import status
+from bootstrap.env import generations
 from bootstrap.env.marker import read_marker
 from bootstrap.env.venv import leftovers
 from testing.processes import kill_group, spawn, wait_for
@@ -43,6 +44,8 @@ Event = dict[str, Any]
 RUNTIME = ["requests>=2"]
 NEW_RUNTIME = ["requests>=2", "six"]
 NO_EXCHANGE = {"KERNEL_BOOTSTRAP_NO_EXCHANGE": "1"}
+# The staged swap a venv without generations keeps (Windows): a plain directory throughout.
+PLAIN = {"KERNEL_BOOTSTRAP_NO_GENERATIONS": "1"}
 
 
 # --- the worlds ------------------------------------------------------------------------------
@@ -89,8 +92,31 @@ def one_skill_removed(root: Path) -> World:
     return w
 
 
+def plain_rebuild(root: Path) -> World:
+    """:func:`rebuild` of a venv without generations: the staged swap, then rename-aside."""
+    w = World(root)
+    w.env.update(PLAIN)
+    w.write_config(requirements=RUNTIME)
+    for name in ("alpha", "beta", "gamma"):
+        w.skill(name)
+    w.ensure()
+    w.write_config(requirements=NEW_RUNTIME)
+    w.clear_log()
+    return w
+
+
+def conversion(root: Path) -> World:
+    """A ready plain-directory venv of an earlier release: the next ensure makes it the first
+    generation (an exchange of the directory and a link), without a rebuild."""
+    w = cold(root)
+    w.ensure(env=PLAIN)
+    w.clear_log()
+    return w
+
+
 WORLDS: dict[str, Callable[[Path], World]] = {
-    "cold": cold, "rebuild": rebuild, "rebuild, rename-aside": rebuild,
+    "cold": cold, "rebuild": rebuild, "rebuild, rename-aside": plain_rebuild,
+    "conversion": conversion,
     "skills-only": skills_only, "skills-only, one removed": one_skill_removed,
 }
 
@@ -148,8 +174,14 @@ def first(events: list[Event], test: Callable[[Event], bool]) -> Event:
 Pick = Callable[[list[Event], World], Event]
 
 
+def staged(path: str) -> bool:
+    """A path inside a tree being built: a new generation, or (without generations) staging."""
+    return ".venv.gen-" in path or ".venv.stage-" in path
+
+
 def base_marker(events: list[Event], w: World) -> Event:
-    return first(events, lambda e: e["call"] == "replace" and ".venv.stage-" in e["paths"][1])
+    return first(events, lambda e: e["call"] == "replace" and staged(e["paths"][1])
+                 and e["paths"][1].endswith("/.bootstrap-version"))
 
 
 def swap(call: str, src: str = "/.venv.stage-", dst: str = "venv") -> Pick:
@@ -210,9 +242,11 @@ POINTS = [
           env={"KB_HANG_AFTER_VENV": "1"}, reached=hang_flag),
     Point("cold", "runtime install", "missing", 1, env={"FAKE_UV_HANG": "requests"},
           reached=installing("requests"), live="absent"),
-    Point("cold", "base marker written in staging", "missing", 1, seam=base_marker,
+    # a complete generation that never became current is adopted, not rebuilt
+    Point("cold", "base marker written in the new generation", "missing", 0, seam=base_marker,
           when="after", live="absent"),
-    Point("cold", "swap: renamed into place", "ok", 0, seam=swap("rename"), when="after"),
+    Point("cold", "flip: link renamed into place", "ok", 0,
+          seam=swap("rename", "/.venv.link-"), when="after"),
     Point("cold", "attempt recorded", "ok", 0, seam=attempt_write, when="after"),
     Point("cold", "first skill group", "ok", 0, env={"FAKE_UV_HANG": "alpha"},
           reached=installing("alpha")),
@@ -224,24 +258,37 @@ POINTS = [
     Point("cold", "final write (after replace)", "ok", 0, seam=final_write, when="after"),
     Point("cold", "warm fingerprint", "ok", 0, seam=warm_fingerprint),
     # a staged rebuild: the old venv serves until the exchange
-    Point("rebuild", "inside `uv venv` (staging)", "ok", 1, env={"KB_HANG_AFTER_VENV": "1"},
-          reached=hang_flag),
+    # a rebuild into a new generation: the old one serves until the flip, and stays after it
+    Point("rebuild", "inside `uv venv` (new generation)", "ok", 1,
+          env={"KB_HANG_AFTER_VENV": "1"}, reached=hang_flag),
     Point("rebuild", "runtime install", "ok", 1, env={"FAKE_UV_HANG": "six"},
           reached=installing("six")),
-    Point("rebuild", "base marker written in staging", "ok", 1, seam=base_marker,
+    Point("rebuild", "pin written into the new generation", "ok", 1,
+          seam=swap("replace", "/.venv.gen-", "000-kernel-bootstrap-pin.pth"), when="after"),
+    Point("rebuild", "base marker written in the new generation", "ok", 0, seam=base_marker,
           when="after"),
-    Point("rebuild", "swap: before the exchange", "ok", 1, seam=swap("exchange")),
-    Point("rebuild", "swap: exchanged, old not yet retired", "ok", 0, seam=swap("exchange"),
-          when="after"),
+    Point("rebuild", "flip: before the rename", "ok", 0, seam=swap("rename", "/.venv.link-")),
+    Point("rebuild", "flip: renamed, old generation not yet removed", "ok", 0,
+          seam=swap("rename", "/.venv.link-"), when="after"),
+    Point("rebuild", "removal: old generation renamed to retired", "ok", 0,
+          seam=swap("rename", "/.venv.gen-", ".venv.retired-"), when="after"),
     Point("rebuild", "first skill group", "ok", 0, env={"FAKE_UV_HANG": "alpha"},
           reached=installing("alpha")),
     Point("rebuild", "final write", "ok", 0, seam=final_write),
+    # without generations (Windows): the staged swap, here its rename-aside fallback
     Point("rebuild, rename-aside", "swap journal written", "ok", 1,
           seam=swap("replace", ".venv.swap.tmp-", ".venv.swap"), when="after"),
     Point("rebuild, rename-aside", "between the two renames", "missing", 0,
           seam=swap("rename", "/venv", ".venv.retired-"), when="after", live="aside"),
     Point("rebuild, rename-aside", "renamed in, journal not yet removed", "ok", 0,
           seam=swap("rename"), when="after"),
+    # conversion of a plain-directory venv: never a rebuild, never nothing at the venv path
+    Point("conversion", "pin written into the plain directory", "ok", 0,
+          seam=swap("replace", "/venv/", "000-kernel-bootstrap-pin.pth"), when="after"),
+    Point("conversion", "before the exchange", "ok", 0,
+          seam=swap("exchange", "/.venv.gen-", "venv")),
+    Point("conversion", "after the exchange", "ok", 0,
+          seam=swap("exchange", "/.venv.gen-", "venv"), when="after"),
     # skills only: the runtime is current throughout
     Point("skills-only", "attempt recorded", "ok", 0, seam=attempt_write, when="after"),
     Point("skills-only", "skill group", "ok", 0, env={"FAKE_UV_HANG": "gamma"},
@@ -358,13 +405,22 @@ def observe(point: Point, w: World, row: Row) -> None:
     # marker, and the next ensure is a warm one, which takes no lock and writes nothing: that
     # temp file waits for the next locked run or `gc`.
     left = leftovers(w.venv)
-    row.left_after = ", ".join(sorted({_kind(p) for p in left})) or "-"
-    if left:
+    old = generations.others(w.venv)
+    row.left_after = ", ".join(sorted({_kind(p) for p in left} |
+                                      ({"old generation"} if old else set()))) or "-"
+    assert point.path == "rebuild, rename-aside" or generations.current(w.venv), \
+        "the venv is not a link to a generation"
+    dangling = [n for n in os.listdir(w.root) if n.startswith(".venv.gen-")
+                and os.path.islink(w.root / n)]
+    assert dangling == [], f"a killed conversion's link is left: {dangling}"
+    if left or old:
+        # A kill after the flip leaves the old generation: if the next ensure finds the venv
+        # ready without the lock, removing it is for the next locked run, or gc.
         assert all(p.parent == w.venv and ".bootstrap-version.tmp-" in p.name for p in left)
         assert row.action == "ready"
         gc = w.run("gc")
         assert gc.returncode == 0, gc.stderr
-        assert leftovers(w.venv) == []
+        assert leftovers(w.venv) == [] and generations.others(w.venv) == []
         row.left_after += " (until gc)"
 
 
@@ -434,7 +490,7 @@ def run_matrix(root: Path, points: list[Point] = POINTS, workers: int = 3,
 def label(e: Event) -> str:
     src, dst = (os.path.basename(p) for p in e["paths"])
     if dst == ".bootstrap-version":
-        where = "staged" if ".venv.stage-" in e["paths"][1] else "live"
+        where = "staged" if staged(e["paths"][1]) else "live"
         return f"{e['call']} {where} marker"
     if "/kernel-bootstrap/warm/" in e["paths"][1]:
         return f"{e['call']} warm fingerprint"

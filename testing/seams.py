@@ -1,11 +1,11 @@
 """Seams: kill or fail one syscall of a kernel-bootstrap run, in this process or in a child.
 
-A rule names a call (os.replace, os.rename, the RENAME_EXCHANGE swap, os.write or os.fsync on
-a descriptor, the copy's syncfs), which of its calls to hit (by a path substring, by content,
-by its index in the run's trace, after `skip` matches, for `times` calls) and what to do:
-"kill" sends SIGKILL to the whole process group (before or after the real call), an errno
-name raises that OSError instead of making the call. A child gets its rules through
-$KB_SEAMS and runs the real CLI (SEAM_CHILD); in-process tests use apply_seams().
+A rule names a call (os.replace, os.rename, the RENAME_EXCHANGE swap or conversion, os.write
+or os.fsync on a descriptor, the copy's syncfs), which of its calls to hit (by a path
+substring, by content, by its index in the run's trace, after `skip` matches, for `times`
+calls) and what to do: "kill" sends SIGKILL to the whole process group (before or after the
+real call), an errno name raises that OSError instead of making the call. A child gets its
+rules through $KB_SEAMS and runs the real CLI (SEAM_CHILD); in-process tests use apply_seams().
 Every replace/rename/exchange is numbered and, with $KB_SEAM_TRACE, logged as one JSON line
 (the marker's content in short for writes of a marker), so a test can find the index of,
 say, "the last marker write" in one run and kill exactly there in the next.
@@ -154,6 +154,7 @@ def _summary(call: str, paths: list[str]) -> dict[str, Any]:
 
 def seam_patches(run: SeamRun) -> list[tuple[object, str, object]]:
     """(object, attribute, replacement) for every seam; the caller applies them."""
+    import bootstrap.env.generations
     import bootstrap.primitives.atomic
     import bootstrap.primitives.swap
     import bootstrap.trees.skilltree
@@ -184,6 +185,7 @@ def seam_patches(run: SeamRun) -> list[tuple[object, str, object]]:
                                        lambda a, *_: _read(os.fsdecode(a)))))
     exchange = wrap("exchange", bootstrap.primitives.atomic.exchange, two, lambda *_: b"")
     patches.append((bootstrap.primitives.swap, "exchange", exchange))
+    patches.append((bootstrap.env.generations, "exchange", exchange))  # the conversion
     if "write" in calls:
         patches.append((os, "write", wrap("write", os.write, lambda fd, *_: [_fd_path(fd)],
                                           lambda fd, data, *_: bytes(data))))

@@ -32,6 +32,7 @@ from bootstrap.cli import main
 from bootstrap.config import load_config
 from bootstrap.engine.ensure import ensure
 from bootstrap.engine.status import status
+from bootstrap.env import generations
 from bootstrap.env.marker import read_marker
 from bootstrap.env.venv import leftovers
 from bootstrap.errors import BootstrapError
@@ -100,9 +101,12 @@ def fresh_logger() -> None:
 
 
 @contextlib.contextmanager
-def ready_world(root: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
-    """A ready venv with skill alpha; in-process runs find the fake uv as the children do."""
+def ready_world(root: Path, monkeypatch: pytest.MonkeyPatch,
+                env: dict[str, str] | None = None) -> Iterator[World]:
+    """A ready venv with skill alpha; in-process runs find the fake uv as the children do
+    (and get ``env``, as the children do)."""
     w = World(root)
+    w.env.update(env or {})
     w.write_config(requirements=["requests>=2"])
     w.skill("alpha")
     w.ensure()
@@ -110,6 +114,8 @@ def ready_world(root: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
     with monkeypatch.context() as m:
         m.setenv("KERNEL_BOOTSTRAP_UV", str(w.uv))
         m.setenv("FAKE_UV_LOG", str(w.uv_log))
+        for key, value in (env or {}).items():
+            m.setenv(key, value)
         yield w
 
 
@@ -189,22 +195,31 @@ def test_a_marker_replace_denied_n_times_is_retried_then_gives_up_cleanly(
 # --- the venv swap -----------------------------------------------------------------------------
 
 NEW_RUNTIME = ["requests>=2", "six"]
-SWAP_SEAMS = {
-    # seam id: (KERNEL_BOOTSTRAP_NO_EXCHANGE?, call, a path substring)
-    "base marker (staging)": (False, "replace", ".venv.stage-"),
-    "exchange": (False, "exchange", "/venv"),
-    "journal write": (True, "write", ".venv.swap.tmp-"),
-    "journal fsync": (True, "fsync", ".venv.swap.tmp-"),
-    "journal replace": (True, "replace", ".venv.swap.tmp-"),
-    "old venv aside": (True, "rename", ".venv.retired-"),
-    "new venv in": (True, "rename", ".venv.stage-"),
+# A venv without generations (Windows): the staged swap, and with no exchange its rename-aside.
+PLAIN = {"KERNEL_BOOTSTRAP_NO_GENERATIONS": "1"}
+ASIDE = {**PLAIN, "KERNEL_BOOTSTRAP_NO_EXCHANGE": "1"}
+SWAP_SEAMS: dict[str, tuple[dict[str, str], str, str]] = {
+    # seam id: (the venv's kind, call, a path substring)
+    "pin (new generation)": ({}, "replace", "000-kernel-bootstrap-pin.pth"),
+    "base marker (new generation)": ({}, "replace", ".bootstrap-version"),
+    "flip: the link's rename": ({}, "rename", ".venv.link-"),
+    "base marker (staging)": (PLAIN, "replace", ".venv.stage-"),
+    "exchange": (PLAIN, "exchange", "/venv"),
+    "journal write": (ASIDE, "write", ".venv.swap.tmp-"),
+    "journal fsync": (ASIDE, "fsync", ".venv.swap.tmp-"),
+    "journal replace": (ASIDE, "replace", ".venv.swap.tmp-"),
+    "old venv aside": (ASIDE, "rename", ".venv.retired-"),
+    "new venv in": (ASIDE, "rename", ".venv.stage-"),
 }
 
 
 @pytest.fixture
-def rebuilding(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
-    """Then the runtime changes: a staged rebuild and a swap."""
-    with ready_world(tmp_path, monkeypatch) as w:
+def rebuilding(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+               request: pytest.FixtureRequest) -> Iterator[World]:
+    """Then the runtime changes: a rebuild into a new generation and a flip (or, for a venv
+    without generations, a staged rebuild and a swap)."""
+    env = getattr(request, "param", {})
+    with ready_world(tmp_path, monkeypatch, env) as w:
         w.write_config(requirements=NEW_RUNTIME)
         yield w
 
@@ -215,20 +230,20 @@ def runs(python: Path) -> bool:
 
 
 def beside(w: World) -> list[str]:
-    names = [p.name for p in leftovers(w.venv)]
+    names = [p.name for p in leftovers(w.venv) + generations.others(w.venv)]
     return names + ([".venv.swap"] if (w.root / ".venv.swap").exists() else [])
 
 
-@pytest.mark.parametrize(("seam", "error"), matrix(list(SWAP_SEAMS)))
+@pytest.mark.parametrize(("rebuilding", "seam", "error"),
+                         [(SWAP_SEAMS[s][0], s, e) for s, e in matrix(list(SWAP_SEAMS))],
+                         indirect=["rebuilding"])
 def test_a_failed_venv_swap_keeps_the_old_venv_and_leaves_nothing_beside_it(
     rebuilding: World, seam: str, error: str, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    no_exchange, call, match = SWAP_SEAMS[seam]
+    _, call, match = SWAP_SEAMS[seam]
     marker = (rebuilding.venv / MARKER).read_bytes()
     with monkeypatch.context() as m:
-        if no_exchange:
-            m.setenv("KERNEL_BOOTSTRAP_NO_EXCHANGE", "1")
         run = apply_seams(m, Seam(call, error, match=match))
         capsys.readouterr()
         code = main(["ensure", "--config", str(rebuilding.config)])
@@ -263,6 +278,7 @@ def test_a_directory_fsync_failing_after_the_swap_is_a_warning_not_a_failed_rebu
     outcome("venv swap: directory fsync after it", error, "exit 0 + warning; new venv in place")
 
 
+@pytest.mark.parametrize("rebuilding", [PLAIN], indirect=True)
 @pytest.mark.parametrize("denials", [1, WRITE_ATTEMPTS])
 def test_a_swap_journal_replace_denied_n_times(
     rebuilding: World, denials: int, monkeypatch: pytest.MonkeyPatch,

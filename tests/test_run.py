@@ -46,7 +46,9 @@ def test_a_cold_run_makes_the_venv_ready_then_becomes_its_interpreter(world: Wor
     assert proc.returncode == 7, err
     report = json.loads(out)
     assert report["pid"] == proc.pid  # the process we started: exec'd, nothing in between
-    assert report["python"] == str(world.python)
+    # The interpreter of the venv's current generation: the pin points the process at the
+    # generation it started in (a rebuild later does not change what it imports).
+    assert Path(report["python"]).parent.parent == world.venv.resolve()
     assert report["argv"] == ["a", "--config", "b", "--"]  # untouched after the first --
     assert world.status()["ready"] is True and world.imports("alpha")
 
@@ -90,7 +92,7 @@ def test_a_failed_rebuild_starts_the_earlier_runtime_with_a_warning(world: World
     proc, out, err = start_run(world, "-c", _REPORT, env={"FAKE_UV_FAIL": "idna"})
     assert proc.returncode == 7, err
     report = json.loads(out)
-    assert report["pid"] == proc.pid and report["prefix"] == str(world.venv)
+    assert report["pid"] == proc.pid and report["prefix"] == str(world.venv.resolve())
     assert "starting the earlier runtime" in err and "idna" in err
     # Still to be rebuilt: recorded as a failed rebuild, retried at the next start (backoff).
     assert world.status()["runtime"] == "failed"

@@ -22,11 +22,13 @@ from testing.processes import kill_group, start, wait_for
 from testing.world import World
 
 NEW_RUNTIME = ["requests>=2", "six"]
+# A venv without generations (Windows): a plain directory, rebuilt by the staged swap.
+PLAIN = {"KERNEL_BOOTSTRAP_NO_GENERATIONS": "1"}
 
 
-@pytest.fixture
-def world(tmp_path: Path) -> World:
-    w = World(tmp_path)
+def ready_world(root: Path, env: dict[str, str] | None = None) -> World:
+    w = World(root)
+    w.env.update(env or {})
     w.skill("alpha")
     w.write_config(requirements=["requests>=2"])
     w.ensure()
@@ -34,9 +36,22 @@ def world(tmp_path: Path) -> World:
     return w
 
 
+@pytest.fixture
+def world(tmp_path: Path) -> World:
+    return ready_world(tmp_path)
+
+
+@pytest.fixture
+def plain_world(tmp_path: Path) -> World:
+    return ready_world(tmp_path, PLAIN)
+
+
 def beside(world: World) -> list[str]:
-    """Names beside the venv that a rebuild or swap made (staging, retired, journal, temp)."""
-    return sorted(n for n in os.listdir(world.venv.parent) if n.startswith(".venv."))
+    """Names beside the venv that a rebuild or swap made (staging, retired, journal, temp, an
+    old generation), not the current generation the venv's link names."""
+    current = os.readlink(world.venv) if world.venv.is_symlink() else None
+    return sorted(n for n in os.listdir(world.venv.parent)
+                  if n.startswith(".venv.") and n != current)
 
 
 def runs(python: Path) -> bool:
@@ -85,12 +100,14 @@ def test_a_failing_ready_check_in_the_new_venv_keeps_the_old_one(world: World) -
 
 # -- a successful rebuild -------------------------------------------------------------------
 
-@pytest.mark.parametrize(("env", "method"), [({}, "exchange"),
-                                              ({"KERNEL_BOOTSTRAP_NO_EXCHANGE": "1"},
-                                               "rename-aside")])
+@pytest.mark.parametrize(("env", "method", "built_in"), [
+    ({}, "flip", ".venv.gen-"),
+    (PLAIN, "exchange", ".venv.stage-"),
+    ({**PLAIN, "KERNEL_BOOTSTRAP_NO_EXCHANGE": "1"}, "rename-aside", ".venv.stage-")])
 def test_a_runtime_change_rebuilds_beside_and_swaps_in_at_the_same_path(
-    world: World, env: dict[str, str], method: str
+    tmp_path: Path, env: dict[str, str], method: str, built_in: str
 ) -> None:
+    world = ready_world(tmp_path, env)
     before = world.ensure().stdout
     (world.venv / "old-tree").write_text("the venv before the rebuild")
     world.write_config(requirements=NEW_RUNTIME)
@@ -102,7 +119,7 @@ def test_a_runtime_change_rebuilds_beside_and_swaps_in_at_the_same_path(
     # Built beside the live venv, never at its path.
     [venv_call] = world.venv_calls()
     assert Path(venv_call[-1]).parent == world.venv.parent
-    assert Path(venv_call[-1]).name.startswith(".venv.stage-")
+    assert Path(venv_call[-1]).name.startswith(built_in)
     [ready] = [e for e in log_events(result.stderr) if e["event"] == "runtime ready"]
     assert ready["swap"] == method
     assert not (world.venv / "old-tree").exists()
@@ -122,7 +139,7 @@ def test_scripts_installed_by_a_requirement_run_from_the_final_path(world: World
 
 def test_a_script_naming_its_staging_path_is_refused_before_the_swap(tmp_path: Path) -> None:
     from bootstrap.config import Config
-    from bootstrap.engine.ensure import _validate
+    from bootstrap.engine.rebuild import _validate
     from bootstrap.env.venv import Venv
 
     staged = tmp_path / ".venv.stage-1-aa"
@@ -155,7 +172,7 @@ def hang_after_venv_shim(world: World) -> Path:
 
 
 def in_staged_venv_call(world: World) -> bool:
-    return any(".venv.stage-" in c[-1] for c in world.venv_calls())
+    return any(".venv.gen-" in c[-1] for c in world.venv_calls())
 
 
 def installing(world: World, name: str) -> bool:
@@ -319,8 +336,9 @@ def test_a_venv_that_cannot_be_moved_aside_is_left_as_it_was_with_a_clear_error(
 
 
 def test_a_real_process_killed_between_the_two_renames_is_finished_by_the_next_start(
-    world: World,
+    plain_world: World,
 ) -> None:
+    world = plain_world  # only the staged swap has two renames
     # A child runs the real CLI with os.rename patched to die (os._exit: no handler, no
     # finally, exactly like SIGKILL) just as the staged venv would move into place.
     code = (
@@ -383,7 +401,8 @@ def test_gc_removes_leftovers_and_says_what_it_removed(world: World) -> None:
     assert world.imports("alpha")  # the live venv is not a leftover
 
     result = world.run("gc", "--json")
-    assert json.loads(result.stdout) == {"venv": str(world.venv), "done": []}
+    assert json.loads(result.stdout) == {"venv": str(world.venv), "done": [],
+                                         "generations": {"removed": [], "in_use": []}}
     assert world.run("gc").stdout == "nothing to remove\n"
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from bootstrap.env import generations
 from bootstrap.primitives.lock import holder_path, inspect, lock_path
 from testing.processes import alive, session_members, start, wait_for
 from testing.uvlog import read_uv_entries
@@ -38,10 +39,12 @@ def uv_pids(world: World) -> list[int]:
 
 
 def leftovers(world: World) -> list[str]:
-    """What lies beside the venv other than the venv, its lock and a holder record."""
+    """What lies beside the venv other than the venv (its current generation), its lock and a
+    holder record."""
     venv = world.venv
+    current = generations.current(venv)
     return sorted(p.name for p in venv.parent.iterdir()
-                  if p.name.startswith(f".{venv.name}."))
+                  if p.name.startswith(f".{venv.name}.") and p != current)
 
 
 def assert_released(world: World, proc: subprocess.Popen[str]) -> None:
@@ -90,7 +93,8 @@ def test_sigterm_during_a_rebuild_removes_the_staging_venv_and_keeps_the_old_one
     world.clear_log()
     proc = start(world, env={"FAKE_UV_HANG": "idna"})
     wait_for(lambda: any("idna>=3" in c for c in world.installs()), proc=proc)
-    assert any(n.startswith(".venv.stage-") for n in leftovers(world))
+    # The new runtime is being built in a generation of its own beside the current one.
+    assert any(n.startswith((".venv.stage-", ".venv.gen-")) for n in leftovers(world))
     os.kill(proc.pid, signal.SIGTERM)
     _, err = proc.communicate(timeout=30)
 

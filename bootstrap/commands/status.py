@@ -10,6 +10,7 @@ from typing import Any
 from bootstrap.config import Config, load_config
 from bootstrap.engine.status import SkillStatus, Status
 from bootstrap.engine.status import status as read_status
+from bootstrap.env import generations
 from bootstrap.env.venv import python_version
 from bootstrap.errors import EXIT_FAILED, EXIT_OK, BootstrapError
 from bootstrap.primitives.lock import LockInfo, inspect
@@ -30,10 +31,12 @@ def status(config_path: Path | None, *, as_json: bool) -> int:
     held = inspect(config.venv)
     snapshot = snapshot_info(config)
     lockfile = lockfile_info(config)
+    generation = generations.describe(config.venv)
     if as_json:
-        print(json.dumps({**status_dict(found, held), **lockfile, "snapshot": snapshot}))
+        print(json.dumps({**status_dict(found, held), **lockfile, "snapshot": snapshot,
+                          "generation": generation}))
     else:
-        text = render(found, held)
+        text = _with_generations(render(found, held), generation)
         if lockfile:
             text = _with_lockfile(text, config, lockfile["lockfile"])
         print(text)
@@ -75,6 +78,16 @@ def lockfile_info(config: Config) -> dict[str, str]:
     from bootstrap.env.pins import known_resolution, state
 
     return {"lockfile": state(config, known_resolution(config))}
+
+
+def _with_generations(text: str, generation: dict[str, Any]) -> str:
+    if generation["current"] is None and not generation["others"]:
+        return text  # a plain-directory venv (or none yet): nothing to say
+    *lines, verdict = text.splitlines()
+    lines.append(f"generation: {generation['current'] or 'none (a plain directory)'}")
+    lines += [f"  older:  {g['path']} ({'in use' if g['in_use'] else 'unused; gc removes it'})"
+              for g in generation["others"]]
+    return "\n".join([*lines, verdict])
 
 
 def _with_lockfile(text: str, config: Config, state: str) -> str:

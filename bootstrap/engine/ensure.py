@@ -3,48 +3,40 @@
 Read the marker without the lock; if everything it records is current, return the interpreter:
 no uv, no writes, no child process. Otherwise take the lock and check again, since another
 process may have finished the work while we waited. If the runtime is current, sync skills only.
-Otherwise rebuild beside the live venv (or restore a snapshot of the same runtime), write the
-base marker, swap the new venv in, then sync skills. The interpreter path never changes across
-rebuilds.
+Otherwise rebuild beside the live venv, in a new generation (or adopt one a killed session
+completed, or restore a snapshot of the same runtime), write the base marker, flip the venv's
+link to it, then sync skills. The interpreter path never changes across rebuilds.
 """
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING
 
 from bootstrap import fingerprint
 from bootstrap.config import Config
+from bootstrap.engine.rebuild import rebuild
 from bootstrap.engine.results import Action, EnsureResult
 from bootstrap.engine.status import Status, status
-from bootstrap.env import ready_check
-from bootstrap.env.identity import identity_of, runtime_inputs
-from bootstrap.env.marker import RuntimeRecord, SkillRecord, base_marker, write_marker
+from bootstrap.env import generations
+from bootstrap.env.marker import RuntimeRecord
 from bootstrap.env.network import Network
 from bootstrap.env.requirements import validate_requirements
 from bootstrap.env.uv import Uv, make_uv
 from bootstrap.env.venv import (
     Venv,
-    interpreter,
     interrupted_rebuild,
-    is_venv,
     rebuild_record,
     recover,
-    staging_path,
-    swap_into_place,
 )
-from bootstrap.errors import EXIT_FAILED, BootstrapError, ConfigError, UvError
-from bootstrap.primitives import lock, log, process, progress
-from bootstrap.primitives.fs import remove_quietly, removed_on_failure
+from bootstrap.errors import EXIT_FAILED, BootstrapError
+from bootstrap.primitives import lock, log, progress
 from bootstrap.skills import backoff
-from bootstrap.skills.sync import Riders, build_ahead, cached_riders, sync_skills
+from bootstrap.skills.sync import sync_skills
 from bootstrap.trees import skillmd
 
 if TYPE_CHECKING:
     from bootstrap.engine import restore
 
-CHECK_TIMEOUT: Final = ready_check.TIMEOUT
 
 
 def ensure(config: Config, *, lock_timeout: float = 300.0, force: bool = False,
@@ -67,7 +59,9 @@ def ensure(config: Config, *, lock_timeout: float = 300.0, force: bool = False,
     found = status(config)
     # Once per full check (the warm path skips all of this until a skill changes).
     skillmd.report((s.name, s.spec) for s in config.skills)
-    if _nothing_due(found, force, reinstall, retry):
+    # A plain-directory venv of an earlier release becomes a generation under the lock.
+    if _nothing_due(found, force, reinstall, retry) and not generations.wants_conversion(
+            config.venv):
         return _settled(config, live, found, config_stamps + venv_stamps)
     if force or not found.base_current:
         backoff.refuse_rebuild(config, found.rebuild, config_stamps + venv_stamps,
@@ -81,8 +75,9 @@ def ensure(config: Config, *, lock_timeout: float = 300.0, force: bool = False,
         # One that is means a session died building the runtime: this one leaves the skills
         # out of that step (see _install_runtime), so that the runtime lands (and is recorded)
         # as soon as it can.
-        cut_short = interrupted_rebuild(config.venv)
+        cut_short = interrupted_rebuild(config.venv) or generations.interrupted(config.venv)
         recover(config.venv)
+        generations.convert(config.venv)
         # Another process may have finished this while we waited for the lock.
         venv_stamps = fingerprint.stamps(_venv_paths(live))
         found = status(config)
@@ -131,6 +126,7 @@ def _make_ready(config: Config, live: Venv, found: Status,
     if found.base_current and not force and found.marker.data is not None:
         action: Action = "skills"
         runtime = found.marker.data["runtime"]
+        generations.remove_unused(config.venv)  # a kill after a flip left the old one
         progress.start(skills_step)
     else:
         validate_requirements(config)  # cheap when done already; the state may have moved
@@ -140,7 +136,7 @@ def _make_ready(config: Config, live: Venv, found: Status,
         snapshots = _snapshot_plan(config, uv)
         action = "rebuild"
         runtime, restored, rode = _rebuild_noted(config, uv, snapshots, with_skills,
-                                                 config_stamps)
+                                                 config_stamps, adopt=not force)
     outcome = sync_skills(config, uv, runtime, reinstall, retry=retry)
     outcome.installed[:0] = [n for n in rode if n not in outcome.installed]
     progress.finish("ready" if not outcome.failed
@@ -157,12 +153,12 @@ def _make_ready(config: Config, live: Venv, found: Status,
 
 
 def _rebuild_noted(config: Config, uv: Uv, snapshots: restore.Plan | None,
-                   with_skills: bool,
-                   config_stamps: list[tuple[str, str]]) -> tuple[RuntimeRecord, bool, list[str]]:
+                   with_skills: bool, config_stamps: list[tuple[str, str]], *,
+                   adopt: bool = True) -> tuple[RuntimeRecord, bool, list[str]]:
     """:func:`rebuild`, its failure recorded so that the next starts back off (a usage error
     is not recorded: it is fixed by editing the config, which retries anyway)."""
     try:
-        built = rebuild(config, uv, snapshots, with_skills=with_skills)
+        built = rebuild(config, uv, snapshots, with_skills=with_skills, adopt=adopt)
     except (BootstrapError, OSError) as e:
         if not isinstance(e, BootstrapError) or e.exit_code == EXIT_FAILED:
             failure = backoff.note_rebuild_failure(config, str(e))
@@ -232,152 +228,3 @@ def _say_why_rebuild(found: Status, force: bool, asked: tuple[str, ...]) -> None
     else:
         why = found.why or list(asked) or (["rebuild from scratch requested"] if force else [])
         log.info("building the runtime", venv=str(found.venv), why=why)
-
-
-def rebuild(config: Config, uv: Uv, snapshots: restore.Plan | None = None, *,
-            with_skills: bool = True) -> tuple[RuntimeRecord, bool, list[str]]:
-    """Build a new venv beside the live one, validate it, write its base marker, swap it in.
-
-    Restores the snapshot instead when the store has a usable one; the flag says which.
-    ``with_skills``: skills may be built and installed along with the runtime (see
-    :func:`_install_runtime`); the list names those installed (the base marker records them).
-    """
-    live = config.venv
-    _refuse_foreign_directory(live)
-    if snapshots is not None and snapshots.available:
-        progress.note("restoring a snapshot")
-        restored = _restore(config, snapshots)
-        if restored is not None:
-            return restored, True, []
-    staged = Venv.at(staging_path(live))
-    skills: dict[str, SkillRecord] = {}
-    with removed_on_failure(staged.path):
-        progress.step("creating the venv")
-        uv.create_venv(staged.path, config.python)
-        if config.lock is not None:
-            progress.step(f"installing the pinned runtime from {config.lock.name}")
-            from bootstrap.env import pins
-
-            pins.install_locked(uv, staged.python, config.lock)
-        elif config.requirements:
-            skills = _install_runtime(config, uv, staged, with_skills)
-        progress.step("checking the new venv")
-        # uv cannot install into an interpreter without running it (it asks the interpreter
-        # for its paths and markers): after the requirements landed, the bare "does it run"
-        # child would only repeat that (15-60 ms, by load).
-        ran = config.lock is None and bool(config.requirements)
-        runtime = _runtime_record(config, _validate(staged, config, ran=ran))
-        # The base marker lands with the venv: a session killed during the skill sync leaves
-        # a marker that says "runtime done", so the next one never rebuilds it.
-        write_marker(staged.path, base_marker(runtime, skills))
-        method = swap_into_place(staged.path, live)
-    log.info("runtime ready", venv=str(live), swap=method)
-    return runtime, False, sorted(skills)
-
-
-def _install_runtime(config: Config, uv: Uv, staged: Venv,
-                     with_skills: bool) -> dict[str, SkillRecord]:
-    """Install the runtime's requirements; return the marker records of skills installed
-    with them.
-
-    ``with_skills``: the skills the build cache holds go into the same uv call, and the others
-    are built (into that cache) while it runs; the sync then installs those without building.
-    If the call with skills fails, the runtime is installed alone (its own error is then the
-    one shown) and the skills are left to the sync, which finds the bad ones.
-    """
-    python = staged.python
-    what = "uv could not install the requirements"
-    log.info("installing the runtime", requirements=list(config.requirements))
-    riders = cached_riders(config, uv, python) if with_skills else nullcontext(Riders())
-    with riders as cached:
-        progress.step(_runtime_step(config, cached))
-        try:
-            with uv.installing(python, [*config.requirements, *cached.args()], what=what):
-                build_ahead(config, uv, python, cached.rest)
-            return cached.landed(staged.path)
-        except UvError as e:
-            if not cached.skills:
-                raise
-            log.info("the runtime and the cached skills failed together; installing the "
-                     "runtime alone", error=e.tail)
-        uv.install(python, list(config.requirements), what=what)
-    return {}
-
-
-def _runtime_step(config: Config, cached: Riders) -> str:
-    text = f"installing the runtime ({len(config.requirements)} requirements)"
-    if cached.skills:
-        text += f" and {len(cached.skills)} skills from the build cache"
-    return text + (f"; building {len(cached.rest)} skills" if cached.rest else "")
-
-
-def _runtime_record(config: Config, version: str) -> RuntimeRecord:
-    inputs = runtime_inputs(config, version)
-    return {"identity": identity_of(inputs), "inputs": dict(inputs),
-            "python": str(interpreter(config.venv))}
-
-
-def _restore(config: Config, snapshots: restore.Plan) -> RuntimeRecord | None:
-    """Restore the snapshot into staging, validate it like a fresh build, swap it in.
-
-    Anything wrong with it is a warning naming the archive and None: the caller builds.
-    """
-    from bootstrap.primitives.tar import BadArchive
-
-    staging = staging_path(config.venv)
-    try:
-        with removed_on_failure(staging):
-            venv = snapshots.extract(staging)
-            runtime = _runtime_record(config, _validate(Venv.at(venv), config))
-            snapshots.claim_marker(venv, runtime)
-            method = swap_into_place(venv, config.venv)
-    except (BadArchive, BootstrapError) as e:
-        log.warning("snapshot unusable; building the venv instead",
-                    snapshot=str(snapshots.archive), error=str(e))
-        return None
-    remove_quietly(staging)
-    log.info("runtime restored from snapshot", venv=str(config.venv),
-             snapshot=str(snapshots.archive), swap=method)
-    return runtime
-
-
-def _refuse_foreign_directory(live: Path) -> None:
-    if live.is_dir() and not is_venv(live) and any(live.iterdir()):
-        raise ConfigError(
-            f"{live} exists and is not a virtual environment; refusing to replace it. "
-            "Point `venv` (or KERNEL_BOOTSTRAP_VENV) at another path, or remove it yourself."
-        )
-    if live.exists() and not live.is_dir():
-        raise ConfigError(f"{live} exists and is not a directory; point `venv` elsewhere")
-
-
-def _validate(staged: Venv, config: Config, *, ran: bool = False) -> str:
-    """The staged venv's interpreter runs (``ran``: uv has just run it), the ready-check
-    passes, scripts are relocatable."""
-    python = staged.python
-    # Bounded: we hold the lock, and a ready-check that never returns must not wedge every
-    # later start behind us (the system we replace hung kernels for 17 minutes).
-    if not ran:
-        process.run(python, "-c", "import sys, site", timeout=CHECK_TIMEOUT,
-                    what="the new venv's interpreter does not run")
-    if config.ready_check:
-        ready_check.run(python, config.ready_check,
-                        what="the ready-check failed in the new venv; the old venv is unchanged")
-    # A console script names its interpreter in its first lines (a shebang, or uv's relocatable
-    # sh launcher); one naming the staging path would break once the venv is swapped in.
-    needle = str(staged.path).encode()
-    for script in sorted(staged.scripts.iterdir()):
-        if script.is_file() and needle in b"\n".join(_head(script, 2)):
-            raise BootstrapError(
-                f"{script.name} in the new venv refers to its staging path {staged.path}; it "
-                "would not run after the venv is moved into place (is uv older than 0.5?)"
-            )
-    version = staged.version()
-    if version is None:
-        raise BootstrapError(f"the new venv at {staged.path} has no readable pyvenv.cfg")
-    return version
-
-
-def _head(path: Path, lines: int) -> list[bytes]:
-    with path.open("rb") as f:
-        return [f.readline(1024) for _ in range(lines)]

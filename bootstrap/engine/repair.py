@@ -14,7 +14,8 @@ from pathlib import Path
 
 from bootstrap.config import Config
 from bootstrap.engine import exact
-from bootstrap.engine.ensure import CHECK_TIMEOUT, ensure
+from bootstrap.engine.ensure import ensure
+from bootstrap.engine.rebuild import CHECK_TIMEOUT
 from bootstrap.engine.results import EnsureResult
 from bootstrap.engine.status import Status, status
 from bootstrap.env.probe import Dist, ProbeResult, probe, requirement_names, unmet_requirements

@@ -6,6 +6,7 @@ this knows a rebuild's runtime and its marker.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -54,7 +55,8 @@ class Plan:
         write_marker(venv, data)
 
     def save(self, venv: Path) -> None:
-        self.store.write(venv, self.key, self.platform)
+        # The tree itself, not the link to it: tar would archive a symlink as a symlink.
+        self.store.write(Path(os.path.realpath(venv)), self.key, self.platform)
 
 
 def plan(config: Config, uv: Uv) -> Plan | None:

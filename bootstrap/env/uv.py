@@ -114,11 +114,23 @@ class Uv:
                                   error=UvError)
 
     def _install(self, python: Path, args: Sequence[str | Path]) -> list[str | Path]:
-        return ["pip", "install", "--python", python, *self.install_args, *args]
+        return ["pip", "install", "--python", target(python), *self.install_args, *args]
 
     def uninstall(self, python: Path, projects: Sequence[str]) -> None:
-        self.run("pip", "uninstall", "--python", python, *projects,
+        self.run("pip", "uninstall", "--python", target(python), *projects,
                  what=f"uv could not uninstall {', '.join(projects)}", index=False)
+
+
+def target(python: Path) -> Path:
+    """A venv's interpreter as uv must be told it: through the venv's real directory.
+
+    uv caches what an interpreter reports (its prefix) under the path it was given. A
+    generation's pin makes its interpreter report the generation's real path, so the stable
+    ``<venv>/bin/python`` would stay cached with the previous generation's prefix after a
+    flip, and uv would install there (recreating a removed generation's directories). Only
+    the directory is resolved: ``bin/python`` itself links to the base interpreter.
+    """
+    return Path(os.path.realpath(python.parent)) / python.name
 
 
 def _once(args: Sequence[str | Path]) -> tuple[str, ...]:

@@ -23,6 +23,7 @@ from bootstrap.primitives.fs import read_state_file, remove_quietly, temp_name
 _STAGE: Final = "stage"
 _RETIRED: Final = "retired"
 _WORK: Final = "work"
+_LINK: Final = "link"  # a generation's new link before it is renamed over the venv
 
 
 def interpreter(venv: Path) -> Path:
@@ -95,6 +96,14 @@ def work_path(live: Path) -> Path:
     return sibling(live, _WORK)
 
 
+def link_path(live: Path) -> Path:
+    return sibling(live, _LINK)
+
+
+def retired_path(live: Path) -> Path:
+    return sibling(live, _RETIRED)
+
+
 def _journal(live: Path) -> Path:
     return live.with_name(f".{live.name}.swap")
 
@@ -107,11 +116,12 @@ def rebuild_record(live: Path) -> Path:
 
 def leftovers(live: Path) -> list[Path]:
     """What interrupted writers of this venv leave behind (any owner): staging, retired and
-    scratch trees beside it, and temp files of the swap journal, of the failed rebuild's
-    record and of the marker."""
+    scratch trees beside it, a generation's new link, and temp files of the swap journal, of the
+    failed rebuild's record and of the marker. (Generations are not leftovers:
+    ``env/generations.py`` decides their fate.)"""
     prefixes = (f".{live.name}.{_STAGE}-", f".{live.name}.{_RETIRED}-",
-                f".{live.name}.{_WORK}-", f".{_journal(live).name}.tmp-",
-                f".{rebuild_record(live).name}.tmp-")
+                f".{live.name}.{_WORK}-", f".{live.name}.{_LINK}-",
+                f".{_journal(live).name}.tmp-", f".{rebuild_record(live).name}.tmp-")
     found = [live.parent / n for n in _names(live.parent) if n.startswith(prefixes)]
     found += [live / n for n in _names(live) if n.startswith(f".{MARKER_NAME}.tmp-")]
     return sorted(found)

@@ -64,8 +64,9 @@ def write_snapshot(out: IO[bytes], venv: Path, key: str, platform: dict[str, str
 
 
 def _is_lock(name: str) -> bool:
-    # uv's own venv lock is per machine state, not part of the environment.
-    return name == f"{TOP}/.lock"
+    # uv's own venv lock and a generation's in-use lock file are per machine state, not part
+    # of the environment.
+    return name in (f"{TOP}/.lock", f"{TOP}/.in-use")
 
 
 def open_snapshot(file: Readable, archive: str | Path) -> tuple[dict[str, Any], Reader]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -91,13 +92,15 @@ def test_json_output_has_the_documented_shape(world: World) -> None:
                     "remaining": []}
 
 
-def test_force_rebuilds_from_scratch_through_the_staged_path(world: World) -> None:
+def test_force_rebuilds_from_scratch_into_a_new_generation(world: World) -> None:
+    before = os.readlink(world.venv)
     data = repair_json(world, "--force")
     assert data["healthy"] is True
     assert data["found"] == []
     assert data["done"][0].startswith("rebuilt the runtime at ")
     [venv_call] = world.venv_calls()
-    assert ".venv.stage-" in venv_call[-1]
+    # Built in a new generation, which the link now names (never the one it replaces).
+    assert os.path.basename(venv_call[-1]) == os.readlink(world.venv) != before
     assert world.imports("requests") and world.imports("alpha") and world.imports("beta")
     assert_warm_next(world)
 
@@ -126,7 +129,8 @@ def test_a_rebuild_that_fails_reports_it_and_keeps_the_old_venv(world: World) ->
     assert "still wrong:\n  - requirement requests>=2: not installed" in result.stdout
     assert "healthy: no" in result.stdout
     assert world.imports("alpha")  # the old venv, untouched
-    assert not list(world.venv.parent.glob(".venv.*"))
+    # Nothing beside it but its own generation: the failed one is gone.
+    assert [p.name for p in world.venv.parent.glob(".venv.*")] == [os.readlink(world.venv)]
 
 
 def test_a_failing_ready_check_is_found_and_a_rebuild_attempted(world: World) -> None:
