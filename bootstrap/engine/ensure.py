@@ -186,13 +186,9 @@ def rebuild(config: Config, uv: Uv, snapshots: restore.Plan | None = None, *,
     live = config.venv
     _refuse_foreign_directory(live)
     generations.convert(live)
-    adopted = generations.adoptable(config) if adopt else None
+    adopted = _adopt(config) if adopt else None
     if adopted is not None:
-        log.info("adopting a complete generation left by an earlier session",
-                 generation=str(adopted[0]))
-        generations.place(live, adopted[0])
-        generations.remove_unused(live)
-        return adopted[1], False, []
+        return adopted, False, []
     if snapshots is not None and snapshots.available:
         progress.note("restoring a snapshot")
         restored = _restore(config, snapshots)
@@ -224,6 +220,18 @@ def rebuild(config: Config, uv: Uv, snapshots: restore.Plan | None = None, *,
     generations.remove_unused(live)
     log.info("runtime ready", venv=str(live), swap=method)
     return runtime, False, sorted(skills)
+
+
+def _adopt(config: Config) -> RuntimeRecord | None:
+    """Put in place a complete generation of this runtime that an earlier session left."""
+    found = generations.adoptable(config)
+    if found is None:
+        return None
+    log.info("adopting a complete generation left by an earlier session",
+             generation=str(found[0]))
+    generations.place(config.venv, found[0])
+    generations.remove_unused(config.venv)
+    return found[1]
 
 
 def _install_runtime(config: Config, uv: Uv, staged: Venv,
