@@ -6,7 +6,6 @@ this knows a rebuild's runtime and its marker.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -56,7 +55,7 @@ class Plan:
 
     def save(self, venv: Path) -> None:
         # The tree itself, not the link to it: tar would archive a symlink as a symlink.
-        self.store.write(Path(os.path.realpath(venv)), self.key, self.platform)
+        self.store.write(venv, self.key, self.platform)
 
 
 def plan(config: Config, uv: Uv) -> Plan | None:

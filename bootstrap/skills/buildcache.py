@@ -258,12 +258,7 @@ def prune(max_age_days: float = MAX_AGE_DAYS, now: float | None = None) -> list[
     """Remove entries whose skill is gone or that nobody used for ``max_age_days``, and what
     dead builders left. Returns what was done, for ``gc`` to report."""
     cache = root()
-    if not os.path.lexists(cache) or not _ours(cache):
-        return []
-    try:
-        names = os.listdir(cache)
-    except OSError:
-        return []
+    names = _listed(cache)
     cutoff = (time.time() if now is None else now) - max_age_days * 86400
     done: list[str] = []
     for name in sorted(names):
@@ -286,6 +281,17 @@ def _leftover(name: str) -> str | None:
         if pid is not None and f".{tag}-{pid}-" in name and not pid_alive(pid):
             return f"left by pid {pid}, which is gone"
     return None
+
+
+def _listed(directory: Path) -> list[str]:
+    """The names in one of the cache's directories; none if it is absent, not ours (a link, a
+    directory another user can write) or unreadable: gc then removes nothing there."""
+    if not os.path.lexists(directory) or not _ours(directory):
+        return []
+    try:
+        return os.listdir(directory)
+    except OSError:
+        return []
 
 
 def _ours(directory: Path) -> bool:
@@ -325,12 +331,7 @@ def _prune_locks(cache: Path, cutoff: float) -> list[str]:
     """Lock files of keys with no entry, untouched for long: at worst, removing one while a
     session holds it lets a second session build that key at the same time (once)."""
     locks = cache / _LOCKS
-    if not os.path.lexists(locks) or not _ours(locks):
-        return []
-    try:
-        names = os.listdir(locks)
-    except OSError:
-        return []
+    names = _listed(locks)
     done: list[str] = []
     for name in names:
         k = name.split(".", 1)[0]

@@ -57,10 +57,14 @@ class Snapshot:
 
 
 def write_snapshot(out: IO[bytes], venv: Path, key: str, platform: dict[str, str]) -> None:
-    """The snapshot of ``venv`` for ``key`` built on ``platform``, written into ``out``."""
+    """The snapshot of ``venv`` for ``key`` built on ``platform``, written into ``out``.
+
+    The tree archived is the one ``venv`` resolves to: a venv whose path is a link to its
+    current generation would otherwise be archived as that link alone."""
     manifest = {"key": key, "platform": platform, "created": time.time(), "source": str(venv),
                 "format": 1}
-    write_archive(out, (MANIFEST, json.dumps(manifest).encode()), venv, TOP, skip=_is_lock)
+    tree = Path(os.path.realpath(venv))
+    write_archive(out, (MANIFEST, json.dumps(manifest).encode()), tree, TOP, skip=_is_lock)
 
 
 def _is_lock(name: str) -> bool:

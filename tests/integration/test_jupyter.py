@@ -67,7 +67,8 @@ def test_a_skill_added_after_the_install_imports_in_a_kernel_jupyter_starts(
     reply, printed, launched = run_in_kernel(
         "import os, sys, alpha, beta; print(sys.prefix, beta.__name__, os.getpid())")
     assert reply["status"] == "ok", reply
-    assert printed.split() == [str(kernel_world.venv), "beta", str(launched)]
+    # sys.prefix is the venv's current generation: the kernel is pinned to the tree it started in.
+    assert printed.split() == [str(kernel_world.venv.resolve()), "beta", str(launched)]
     assert kernel_world.status()["ready"] is True
 
 
@@ -78,7 +79,7 @@ def test_a_kernel_still_starts_when_the_rebuild_fails_and_the_old_venv_is_usable
     reply, printed, launched = run_in_kernel("import os, sys, alpha; print(sys.prefix, "
                                              "os.getpid())")
     assert reply["status"] == "ok", reply
-    assert printed.split() == [str(kernel_world.venv), str(launched)]
+    assert printed.split() == [str(kernel_world.venv.resolve()), str(launched)]
     status = kernel_world.status()
     # Still to be rebuilt: recorded as a failed rebuild, retried at the next start (backoff).
     assert status["runtime"] == "failed" and status["marker"] == "ok"

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from bootstrap.env import generations
 from bootstrap.primitives.lock import holder_path, inspect
 from testing.processes import alive, session_members, start, wait_for
 from testing.uvlog import read_uv_entries
@@ -58,7 +59,9 @@ def test_a_signal_during_a_real_build_stops_uv_and_its_backend(
     assert proc.returncode == code, err
     assert session_members(proc.pid) == []  # uv and the build backend are gone
     assert not inspect(real.venv).held and not holder_path(real.venv).exists()
-    assert [p.name for p in real.venv.parent.iterdir() if p.name.startswith(".venv.")] == []
+    current = generations.current(real.venv)  # the venv's own tree: not a leftover
+    assert [p.name for p in real.venv.parent.iterdir()
+            if p.name.startswith(".venv.") and p != current] == []
     (hanging / "HANG").unlink()
     out = json.loads(real.ensure("--json").stdout)
     assert out["installed"] == ["slow"] and real.imports("slow")
