@@ -29,10 +29,10 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 # Imported after the sys.path lines, so the script runs from a checkout without installing.
 from bench_lib import (
-    BIN,
     KERNEL_BOOTSTRAP,
     RUNTIME,
     Timing,
+    bench_parser,
     check,
     interleave,
     log_size,
@@ -143,13 +143,9 @@ def fast_table(times: dict[str, list[Timing]], rounds: int) -> Table:
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rounds", type=int, default=21, help="kernel starts per kind (default 21)")
+    p = bench_parser(__doc__, 21, "kernel starts per kind", "the real uv")
     p.add_argument("--fast-rounds", type=int, default=51,
                    help="rounds of the `run -- -c pass` table (default 51)")
-    p.add_argument("--markdown", action="store_true", help="print the tables as Markdown")
-    p.add_argument("--uv", type=Path, default=BIN / "uv", help="the real uv (default: the dev "
-                   "venv's)")
     return p.parse_args(argv)
 
 

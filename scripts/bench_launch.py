@@ -29,9 +29,9 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 # Imported after the sys.path lines, so the script runs from a checkout without installing.
 from bench_lib import (
     BASE_PYTHON,
-    BIN,
     REPO,
     Timing,
+    bench_parser,
     check,
     interleave,
     median,
@@ -138,12 +138,7 @@ def table(times: dict[str, list[Timing]], rounds: int) -> Table:
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rounds", type=int, default=51, help="interleaved rounds (default 51)")
-    p.add_argument("--markdown", action="store_true", help="print the table as Markdown")
-    p.add_argument("--uv", type=Path, default=BIN / "uv", help="the uv that installs (default: "
-                   "the dev venv's)")
-    return p.parse_args(argv)
+    return bench_parser(__doc__, 51, "interleaved rounds", "the uv that installs").parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -8,6 +8,7 @@ figures and every child see the same world).
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -417,3 +418,14 @@ def log_size(path: Path) -> int:
 def rmtree(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
+
+def bench_parser(doc: str, rounds: int, rounds_help: str, uv_help: str) -> argparse.ArgumentParser:
+    """The options every interleaved benchmark takes: ``--rounds``, ``--markdown``, ``--uv``
+    (default: the dev venv's uv, beside this interpreter)."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=rounds,
+                   help=f"{rounds_help} (default {rounds})")
+    p.add_argument("--markdown", action="store_true", help="print the tables as Markdown")
+    p.add_argument("--uv", type=Path, default=BIN / "uv",
+                   help=f"{uv_help} (default: the dev venv's)")
+    return p

@@ -25,7 +25,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 # Imported after the sys.path lines, so the script runs from a checkout without installing.
-from bench_lib import BASE_PYTHON, BIN, Timing, interleave, median, quartiles, rmtree, run_timed
+from bench_lib import (
+    BASE_PYTHON,
+    Timing,
+    bench_parser,
+    interleave,
+    median,
+    quartiles,
+    rmtree,
+    run_timed,
+)
 from bench_report import Table, ms, ratio
 
 from bootstrap.env import generations
@@ -76,12 +85,8 @@ def table(times: dict[str, list[Timing]], rounds: int) -> Table:
 
 
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rounds", type=int, default=101, help="interleaved rounds (default 101)")
-    p.add_argument("--markdown", action="store_true", help="print the table as Markdown")
-    p.add_argument("--uv", type=Path, default=BIN / "uv", help="the uv that makes the venvs "
-                   "(default: the dev venv's)")
-    return p.parse_args(argv)
+    return bench_parser(__doc__, 101, "interleaved rounds", "the uv that makes the venvs"
+                        ).parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
