@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
+from bootstrap.primitives.fs import is_real_dir
 from bootstrap.warm import (
     ENV_KEYS,
     FORMAT,
     fingerprint_path,
     read_text,
-    real_dir,
     stamp,
     trusted_dir,
 )
@@ -82,8 +83,6 @@ def save(config_file: str, venv: str, python: str, stamped: list[tuple[str, str]
     path = fingerprint_path(config_file)
     if path is None or any("\t" in p or "\n" in p for p, _ in stamped):
         return
-    from pathlib import Path
-
     from bootstrap.primitives.atomic import write_atomic
 
     text = render(config_file, venv, python, stamped, failed, until, refused)
@@ -113,6 +112,6 @@ def forget(config_file: str) -> None:
 
     path = fingerprint_path(config_file)
     # Never through a planted link: the name would be unlinked in whatever it points at.
-    if path is not None and real_dir(os.path.dirname(path)):
+    if path is not None and is_real_dir(Path(os.path.dirname(path))):
         with contextlib.suppress(OSError):
             os.unlink(path)

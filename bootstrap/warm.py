@@ -123,11 +123,6 @@ def trusted_dir(path: str) -> bool:
     return st is not None and stat.S_ISDIR(st.st_mode) and untrusted(st) is None
 
 
-def real_dir(path: str) -> bool:
-    st = _lstat(path)
-    return st is not None and stat.S_ISDIR(st.st_mode)
-
-
 def _lstat(path: str) -> os.stat_result | None:
     try:
         return os.lstat(path)

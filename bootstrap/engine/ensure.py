@@ -135,7 +135,7 @@ def _make_ready(config: Config, live: Venv, found: Status,
         progress.start(2 + bool(config.requirements or config.lock) + skills_step)
         snapshots = _snapshot_plan(config, uv)
         action = "rebuild"
-        runtime, restored, rode = _rebuild_noted(config, uv, snapshots, with_skills,
+        runtime, restored, rode = _rebuild_noted(config, live, uv, snapshots, with_skills,
                                                  config_stamps, adopt=not force)
     outcome = sync_skills(config, uv, runtime, reinstall, retry=retry)
     outcome.installed[:0] = [n for n in rode if n not in outcome.installed]
@@ -152,7 +152,7 @@ def _make_ready(config: Config, live: Venv, found: Status,
                         tuple(outcome.installed), outcome.failed, tuple(outcome.removed))
 
 
-def _rebuild_noted(config: Config, uv: Uv, snapshots: restore.Plan | None,
+def _rebuild_noted(config: Config, live: Venv, uv: Uv, snapshots: restore.Plan | None,
                    with_skills: bool, config_stamps: list[tuple[str, str]], *,
                    adopt: bool = True) -> tuple[RuntimeRecord, bool, list[str]]:
     """:func:`rebuild`, its failure recorded so that the next starts back off (a usage error
@@ -167,7 +167,7 @@ def _rebuild_noted(config: Config, uv: Uv, snapshots: restore.Plan | None,
                          "retry_at", retry_at=backoff.iso(failure.retry_at),
                          failures=failure.failures)
                 # The venv is as it was, but for the record: the next start answers warm.
-                stamped = config_stamps + fingerprint.stamps(_venv_paths(Venv.at(config.venv)))
+                stamped = config_stamps + fingerprint.stamps(_venv_paths(live))
                 backoff.remember_refusal(config, failure, stamped)
         raise
     backoff.clear_rebuild_failure(config.venv)
