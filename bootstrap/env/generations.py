@@ -6,9 +6,10 @@ built in a generation directory beside the venv, ``.<venv>.gen-<pid>-<token>``, 
 ``<venv>`` is a relative symlink naming it. The link is replaced in one ``rename`` once the new
 generation is complete and validated, so ``<venv>/bin/python`` is the same path across
 rebuilds and, at every instant, names a complete generation. Each process pins itself to the
-generation it started in (``env/pin.py``) and holds a shared ``flock`` on its ``.in-use``
-file; a generation other than the current one is removed only when that lock can be taken
-exclusively without waiting, that is when no process uses it.
+generation it started in (``env/pin.py``) and holds a lock on its ``.in-use`` file (a record
+lock on its own byte, or a shared ``flock``); a generation other than the current one is
+removed only when a lock conflicting with both kinds can be taken without waiting, that is
+when no process uses it.
 
 Where a directory cannot be replaced by a symlink without an instant with nothing at
 ``<venv>`` (Windows; a file system without ``RENAME_EXCHANGE`` holding a venv of an earlier
@@ -116,15 +117,29 @@ def _open_in_use(generation: Path) -> int | None:
 
 
 def _try_exclusive(fd: int) -> bool:
+    """Whether no pin holds ``fd``'s file: an exclusive ``flock`` (against the flock kind) and a
+    read lock over every byte (against each process's write lock on its own byte), both without
+    waiting; they last until ``fd`` is closed."""
     import fcntl
 
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except OSError as e:
         if e.errno in _NOLOCK:
             return False
         raise
     return True
+
+
+def _ours(generation: Path) -> bool:
+    """Whether this process runs from ``generation`` (a library call inside a kernel): a
+    process's own record lock never conflicts with its own test, and closing any descriptor of
+    the file would drop it, so its file is not even opened."""
+    try:
+        return os.path.samefile(sys.prefix, generation)
+    except OSError:
+        return False
 
 
 def in_use(generation: Path) -> bool:
@@ -135,6 +150,8 @@ def in_use(generation: Path) -> bool:
     linked). ``/proc/locks`` would tell without locking, but only on Linux, and only by device
     and inode numbers.
     """
+    if _ours(generation):
+        return True
     fd = _open_in_use(generation)
     if fd is None:
         return False
@@ -170,10 +187,13 @@ def remove_unused(live: Path) -> Removal:
 
 
 def _remove(live: Path, generation: Path) -> bool:
-    """Remove ``generation`` unless it is in use. Holding its lock exclusively, first move it
-    to a retired name (a kill from here on leaves a leftover the next locked run reaps, never
-    half a generation that looks whole), then unlink ``.in-use`` (a process that waited for the
-    lock sees it gone and pins itself to the current generation instead), then the rest."""
+    """Remove ``generation`` unless it is in use. Holding its lock, first move it to a retired
+    name (a kill from here on leaves a leftover the next locked run reaps, never half a
+    generation that looks whole), then unlink ``.in-use`` (a process that waited for the lock
+    sees it gone and pins itself to the current generation instead) and let the lock go, so
+    that no start waits while the files are removed."""
+    if _ours(generation):
+        return False
     fd = _open_in_use(generation)
     try:
         if fd is not None and not _try_exclusive(fd):
@@ -182,10 +202,10 @@ def _remove(live: Path, generation: Path) -> bool:
         os.rename(generation, retired)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(retired / pin.IN_USE)
-        remove_tree(retired)
     finally:
         if fd is not None:
             os.close(fd)
+    remove_tree(retired)
     return True
 
 

@@ -13,16 +13,29 @@ paths. It:
   ``sys.executable`` too, so that a child started as ``sys.executable`` (multiprocessing's
   spawn and forkserver, ``-m pip``) runs in its parent's generation; a child started
   through ``<venv>/bin/python`` itself gets the current generation, as any new start does;
-- takes a shared ``flock`` on ``<generation>/.in-use`` and keeps the descriptor open
-  (non-inheritable) until the process exits. The kernel drops the lock when the last
-  descriptor closes, also after a SIGKILL; removal takes the lock exclusively without
-  blocking, so a generation with a living process is never removed, and nothing depends on a
-  process cleaning up after itself. A fork shares the descriptor, so a forked child holds the
-  lock with its parent.
+- locks ``<generation>/.in-use`` and keeps the descriptor open (non-inheritable) until the
+  process exits. The lock is a POSIX record lock on one byte, the one at the process's pid:
+  locks of different processes on different bytes never conflict, ``os.lockf`` needs no
+  import (``fcntl`` is an extension module to load, ~0.3 ms, a quarter of the pin's cost), and
+  removal's non-blocking read lock over the whole file conflicts with every one of them. A
+  fork does not inherit a record lock, so the pin has each forked child take its own byte.
+  Where the file is not ours to write (a generation another user built, a read-only disk) it
+  takes a shared ``flock`` instead, which removal tests too. The kernel drops either lock when
+  the process ends, also after a SIGKILL, so nothing depends on a process cleaning up after
+  itself.
 
-If removal won the race (it holds the exclusive lock, or has already unlinked the file), the
-pin starts over from the symlink, which names the current generation by then. Anything
-unexpected leaves the interpreter as it was: a pin must never stop a kernel from starting.
+CPython's ``site`` processes a venv's site-packages twice, once for the venv and once more for
+``sys.prefix`` among the site prefixes: every ``.pth`` import line runs again, and once the
+prefix is re-pointed the real site-packages directory would be added to ``sys.path`` a second
+time. The pin has that second pass leave the venv's own directory out, as a start outside a
+venv does, after re-pointing the entries the generation's other ``.pth`` files added (each
+Python skill has one). Every ``.pth`` then runs once, which in a venv with a few of them more
+than pays for the pin. Run again after all (a caller's ``site.addsitedir``), it only drops
+duplicates.
+
+If removal won the race (it holds its lock, or has already unlinked the file), the pin starts
+over from the symlink, which names the current generation by then. Anything unexpected leaves
+the interpreter as it was: a pin must never stop a kernel from starting.
 """
 
 from __future__ import annotations
@@ -38,37 +51,47 @@ PIN_NAME: Final = "000-kernel-bootstrap-pin.pth"
 MODULE: Final = "_kernel_bootstrap_pin"
 IN_USE: Final = ".in-use"
 
-# The .pth runs the module beside it from its bytecode, loaded by path: site compiles a .pth
-# line at every start (~0.5 ms for all of the code), and an import would search sys.path,
-# listing the standard library's directories that `python -c pass` never lists. os and sys are
-# loaded already; fcntl is the one extra import (a small extension module).
+# The .pth runs the module beside it from its bytecode, loaded by path: an import would search
+# sys.path and go through importlib's checks (~0.1 ms more), and site compiles the .pth line at
+# every start, so the line stays short and holds no try statement. os and sys are loaded
+# already.
 _SOURCE: Final = """\
 \"\"\"kernel-bootstrap's generation pin (see 000-kernel-bootstrap-pin.pth); never import it.\"\"\"
 import os, sys
 
 
-def _fcntl():
-    # By its path where the interpreter keeps it: an import would search sys.path, listing
-    # the standard library's directory, which a bare start never does (~0.2 ms).
-    if "fcntl" not in sys.builtin_module_names:
-        try:
-            ext = sys.modules["_frozen_importlib_external"]
-            path = "%%s/%%s/python%%d.%%d/lib-dynload/fcntl%%s" %% (
-                sys.base_exec_prefix, sys.platlibdir, *sys.version_info[:2],
-                ext.EXTENSION_SUFFIXES[0])
-            spec = ext.spec_from_file_location("fcntl", path)
-            module = sys.modules["_frozen_importlib"].module_from_spec(spec)
-            spec.loader.exec_module(module)
-            sys.modules["fcntl"] = module
-            return module
-        except Exception:
-            pass
-    import fcntl
-    return fcntl
+def _hold(fd):
+    os.lseek(fd, os.getpid(), 0)
+    os.lockf(fd, os.F_LOCK, 1)
+
+
+def _flock(fd):
+    if "fcntl" in sys.builtin_module_names:
+        import fcntl
+    else:  # by its path: an import would list the standard library's directories (~0.2 ms)
+        ext = sys.modules["_frozen_importlib_external"]
+        path = "%%s/%%s/python%%d.%%d/lib-dynload/fcntl%%s" %% (
+            sys.base_exec_prefix, sys.platlibdir, *sys.version_info[:2],
+            ext.EXTENSION_SUFFIXES[0])
+        spec = ext.spec_from_file_location("fcntl", path)
+        fcntl = sys.modules["_frozen_importlib"].module_from_spec(spec)
+        spec.loader.exec_module(fcntl)
+        sys.modules["fcntl"] = fcntl
+    fcntl.flock(fd, fcntl.LOCK_SH)
+
+
+def _lock(path):
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        _flock(fd)
+        return fd, False
+    _hold(fd)
+    return fd, True
 
 
 def _pin():
-    fcntl = _fcntl()
     link = sys.prefix
     for _ in range(3):
         try:  # one readlink, not realpath's lstat per component: only <venv> is our link
@@ -76,30 +99,55 @@ def _pin():
         except OSError:
             real = link  # started through a generation's own path (or a plain venv)
         try:
-            fd = os.open(real + %(in_use)r, os.O_RDONLY | os.O_CLOEXEC)
+            fd, record = _lock(real + %(in_use)r)
         except OSError:
             continue
-        fcntl.flock(fd, fcntl.LOCK_SH)
         if os.fstat(fd).st_nlink:
             break
         os.close(fd)
     else:
-        return
-    if real != link:
-        n, under = len(link), link + os.sep
+        return None
+    if record:
+        os.register_at_fork(after_in_child=lambda: _hold(fd))
+    if real == link:
+        return None
+    n, under = len(link), link + os.sep
 
-        def moved(path):
-            return real + path[n:] if path == link or path.startswith(under) else path
+    def moved():
+        sys.path[:] = [real + p[n:] if p == link or p.startswith(under) else p
+                       for p in sys.path]
 
-        sys.prefix, sys.exec_prefix = moved(sys.prefix), moved(sys.exec_prefix)
-        sys.executable = moved(sys.executable)
-        sys.path[:] = [moved(p) for p in sys.path]
+    sys.prefix = sys.exec_prefix = real
+    sys.executable = real + sys.executable[n:] if sys.executable.startswith(under) \
+        else sys.executable
+    moved()
+    return moved
 
 
-try:
-    _pin()
-except Exception:
-    pass
+def _once(moved):
+    site = sys.modules["site"]
+    add = site.addsitepackages
+
+    def addsitepackages(known_paths, prefixes=None):
+        site.addsitepackages = add
+        if moved:
+            moved()
+        if prefixes is None:
+            prefixes = [p for p in site.PREFIXES if p != sys.prefix]
+        return add(known_paths, prefixes)
+
+    site.addsitepackages = addsitepackages
+
+
+if __name__ in sys.modules:  # run again after all: drop a duplicate the re-pointing made
+    seen = set()
+    sys.path[:] = [p for p in sys.path if not (p in seen or seen.add(p))]
+else:
+    sys.modules[__name__] = type(sys)(__name__)
+    try:
+        _once(_pin())
+    except Exception:
+        pass
 """
 
 
@@ -107,30 +155,21 @@ def module_source() -> bytes:
     return (_SOURCE % {"in_use": os.sep + IN_USE}).encode()
 
 
-# The one line of the .pth (site executes a line only if it starts with "import", and whole).
+# The one line of the .pth (site executes a line only if it starts with "import", and whole;
+# an exception would be printed, so only a damaged generation, its files gone, could raise).
 # Paths are relative to sys.prefix: the generation's own, or <venv> naming it at this instant.
-# Bytecode of another interpreter (its magic number differs) or none: compiled from source.
-_LOADER: Final = """\
-try:
-    _kb = sys.prefix + "/"
-    try:
-        _kb_data = open(_kb + %(pyc)r, "rb").read()
-        if _kb_data[:4] != sys.modules["_frozen_importlib_external"].MAGIC_NUMBER:
-            raise ValueError
-        _kb_code = __import__("marshal").loads(memoryview(_kb_data)[16:])
-    except Exception:
-        _kb_code = compile(open(_kb + %(source)r, "rb").read(), %(source)r, "exec")
-    exec(_kb_code, {"__name__": %(module)r})
-except Exception:
-    pass
-"""
+# Bytecode of another interpreter (its magic number differs) is not run: the source is.
+_LINE: Final = (
+    "import sys; _kb = open(sys.prefix + {pyc!r}, 'rb').read(); exec("
+    "compile(open(sys.prefix + {source!r}, 'rb').read(), {source!r}, 'exec') "
+    "if _kb[:4] != sys.modules['_frozen_importlib_external'].MAGIC_NUMBER "
+    "else sys.modules['marshal'].loads(_kb[16:]), {{'__name__': {module!r}}})\n")
 
 
 def pth_line(source: str, pyc: str) -> bytes:
     """The ``.pth`` line running the module at ``source`` (its bytecode at ``pyc``), both
     relative to the generation."""
-    loader = _LOADER % {"pyc": pyc, "source": source, "module": MODULE}
-    return f"import sys; exec({loader!r})\n".encode()
+    return _LINE.format(module=MODULE, source="/" + source, pyc="/" + pyc).encode()
 
 
 # Prints where the bytecode went; py_compile writes even under PYTHONDONTWRITEBYTECODE, which

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
+import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -75,6 +78,87 @@ def test_a_process_is_pinned_to_the_real_path_of_its_generation(world: World) ->
     assert executable == str(gen / "bin" / "python")
     assert site_dir.startswith(str(gen) + "/")
     assert "/venv/" not in paths and str(gen) in paths
+
+
+def test_each_pth_of_a_generation_runs_once_and_its_paths_are_re_pointed(
+        world: World, tmp_path: Path) -> None:
+    # CPython's site processes a venv's site-packages twice; the pin has the second pass leave
+    # it out, after re-pointing what the other .pth files (a skill's, say) added.
+    gen = current(world)
+    [site_dir] = gen.glob("lib/python*/site-packages")
+    (site_dir / "data").mkdir()
+    count = tmp_path / "count"
+    (site_dir / "zz-counter.pth").write_text(
+        f"import sys; open({str(count)!r}, 'a').write('x')\ndata\n")
+    done = subprocess.run([str(world.python), "-c", "import sys; print(repr(sys.path))"],
+                          capture_output=True, text=True, check=True)
+    path = eval(done.stdout)  # noqa: S307 - our own child's repr of a list of str
+    assert count.read_text() == "x"
+    assert len(path) == len(set(path))
+    assert [p for p in path if p.startswith(str(gen))] == [str(site_dir), str(site_dir / "data")]
+    assert not [p for p in path if p.startswith(str(world.venv) + "/")]
+
+
+def test_a_kernel_that_collects_in_process_keeps_its_own_generation(world: World) -> None:
+    # A library call inside a kernel: its own record lock would not conflict with its own
+    # test, and closing the file would drop it; the generation it runs from is kept, and stays
+    # in use to everyone else.
+    old = current(world)
+    code = ("import sys\n"
+            "sys.stdin.readline()\n"  # wait for the rebuild
+            f"sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})\n"
+            "from pathlib import Path\n"
+            "from bootstrap.env.generations import remove_unused\n"
+            f"done = remove_unused(Path({str(world.venv)!r}))\n"
+            "print([str(p) for p in done.removed], [str(p) for p in done.kept], flush=True)\n"
+            "sys.stdin.readline()\n")
+    proc = subprocess.Popen([str(world.python), "-c", code], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        wait_for(lambda: _in_use(world))
+        world.write_config(requirements=NEW_RUNTIME)
+        world.ensure()
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().split() == ["[]", f"['{old}']"]
+        assert old.is_dir()
+        assert world.status()["generation"]["others"] == [{"path": str(old), "in_use": True}]
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
+                    reason="needs root and setpriv to start a kernel as another user")
+def test_a_kernel_of_another_user_holds_the_generation_by_flock() -> None:
+    # The .in-use file is not the other user's to write: their pin takes a shared flock.
+    root = Path(tempfile.mkdtemp(prefix="kb-other-user-"))  # pytest's tmp is root's alone
+    try:
+        os.chmod(root, 0o755)
+        world = World(root / "w")
+        world.write_config(requirements=RUNTIME)
+        world.ensure()
+        old = current(world)
+        proc = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                                 str(world.python), "-c", KERNEL], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True)
+        assert proc.stdout is not None
+        try:
+            assert proc.stdout.readline().split()[0] == str(old)
+            world.write_config(requirements=NEW_RUNTIME)
+            world.ensure()
+            assert world.status()["generation"]["others"] == [{"path": str(old),
+                                                               "in_use": True}]
+            gc = json.loads(world.run("gc", "--json").stdout)
+            assert gc["generations"]["in_use"] == [str(old)]
+        finally:
+            proc.kill()
+            proc.wait()
+        gc = json.loads(world.run("gc", "--json").stdout)
+        assert gc["generations"]["removed"] == [str(old)]
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_a_rebuild_flips_the_link_and_removes_the_unused_old_generation(world: World) -> None:
@@ -170,11 +254,10 @@ def test_children_through_sys_executable_share_it_and_through_the_link_get_the_c
 
 def _in_use(world: World) -> bool:
     # The process has pinned itself once its generation shows as in use to another process.
-    done = subprocess.run(["python3", "-c", "import fcntl, os, sys\n"
-                           "fd = os.open(sys.argv[1], os.O_RDONLY)\n"
-                           "try: fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\n"
-                           "except OSError: sys.exit(1)\n",
-                           str(current(world) / ".in-use")], check=False)
+    done = subprocess.run([sys.executable, "-c", "import sys\n"
+                           "from bootstrap.env.generations import in_use\n"
+                           "sys.exit(in_use(__import__('pathlib').Path(sys.argv[1])))\n",
+                           str(current(world))], check=False)
     return done.returncode == 1
 
 
