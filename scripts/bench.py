@@ -63,6 +63,7 @@ from bench_lib import (
     ours_argv,
     per_call,
     quartiles,
+    remove_venv,
     requirements_file,
     rmtree,
     run_timed,
@@ -251,7 +252,7 @@ def fig_rebuild(ws: Workspace, s: Settings, out: Results) -> None:
     # The removal's deferred disk work (~9,000 inodes) is flushed before the clock starts:
     # otherwise it lands in whichever run comes next and swings it by 2x here.
     def ours() -> Timing:
-        rmtree(world.venv)
+        remove_venv(world.venv)
         os.sync()
         return run_timed(ours_argv(world))
 

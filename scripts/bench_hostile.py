@@ -1,12 +1,18 @@
 """Issue 21's figures for an unfriendly host, against the real uv: medians and ratios.
 
-    .venv/bin/python scripts/bench_hostile.py [--rounds N] [--only offline-cold,backoff-warm]
-        [--markdown]
+    .venv/bin/python scripts/bench_hostile.py [--rounds N]
+        [--only offline-cold,locked-new,backoff-warm] [--markdown]
 
 - ``offline-cold``  a cold ``ensure`` (ipykernel + 4 hatchling skills, everything in uv's cache
                     and the build cache) inside ``unshare -n`` (no network: no route, no DNS)
                     vs the same online; goal <= 1.2x, bar <= 1.5x. Before the fallback, the
                     unshared one failed after 16-19 s of uv's retries.
+- ``locked-new``    a new venv for a **locked** runtime (``kernel-bootstrap lock``'s
+                    ``pylock.toml`` for ipykernel) and 4 hatchling skills, everything cached
+                    (uv's cache, the build cache): ``ensure`` online vs uv alone doing the same
+                    (``uv venv``, ``uv pip install -r pylock.toml --require-hashes``, the skills
+                    as ``-e``) online, goal <= 0.4x, bar <= 0.7x; and vs uv alone with
+                    ``--offline`` (the floor), goal <= 1.3x.
 - ``backoff-warm``  a warm ``ensure`` whose one skill keeps failing (its dependency exists on
                     no index), inside the failure's backoff window, vs ``python -c pass`` and vs
                     a warm ``ensure`` with no failure; goal <= 1.1x ``python -c pass``.
@@ -32,6 +38,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 # Imported after the sys.path lines, so the script runs from a checkout.
 from bench_lib import (
+    BASE_PYTHON,
     BIN,
     Workspace,
     World,
@@ -42,6 +49,7 @@ from bench_lib import (
     open_workspace,
     ours_argv,
     quartiles,
+    remove_venv,
     rmtree,
     settle,
     timed,
@@ -51,7 +59,7 @@ from bench_report import Results, Table, Verdict, machine, ms, ratio, secs
 
 from testing.skills import Package, make_skill
 
-FIGURES = ("offline-cold", "backoff-warm")
+FIGURES = ("offline-cold", "locked-new", "backoff-warm")
 
 
 def _online_env() -> dict[str, str]:
@@ -71,7 +79,7 @@ def fig_offline_cold(ws: Workspace, rounds: int, out: Results) -> None:
     check(ours_argv(world), env)  # fills the build cache with the 4 skills' wheels
 
     def cold(prefix: list[str]) -> float:
-        rmtree(world.venv)
+        remove_venv(world.venv)
         return timed([*prefix, *ours_argv(world)], env)
 
     variants: dict[str, Callable[[], float]] = {
@@ -92,6 +100,67 @@ def fig_offline_cold(ws: Workspace, rounds: int, out: Results) -> None:
     out.verdicts.append(Verdict("cold ensure, cached, unshare -n vs online", "<= 1.2x (bar 1.5x)",
                                 f"{offline / online:.2f}x ({secs(offline)} vs {secs(online)} s)",
                                 offline / online <= 1.5))
+
+
+def fig_locked_new(ws: Workspace, rounds: int, out: Results) -> None:
+    world = make_world(ws, "locked-new", 4)
+    env = _online_env()
+    with world.config.open("a", encoding="utf-8") as f:
+        f.write('lock = "pylock.toml"\n')
+    check([BIN / "kernel-bootstrap", "lock", "--config", world.config], env)
+    check(ours_argv(world), env)  # fills the build cache with the 4 skills' wheels
+    uv_venv = world.dir / "venv-uv"
+    script = ('set -e; uv=$0 venv=$2; "$uv" venv --quiet --python "$1" "$venv"; '
+              '"$uv" pip install --quiet $OFFLINE --python "$venv/bin/python" -r "$3" '
+              '--require-hashes; shift 3; "$uv" pip install --quiet $OFFLINE --python '
+              '"$venv/bin/python" "$@"')
+    editables = [arg for skill in world.skills for arg in ("-e", str(skill))]
+
+    def uv_alone(offline: bool, skills: bool = True) -> list[str]:
+        flag = "--offline" if offline else ""
+        return ["env", f"OFFLINE={flag}", "bash", "-c", script if skills else
+                script.split("; shift 3")[0], str(ws.uv), BASE_PYTHON, str(uv_venv),
+                str(world.dir / "pylock.toml"), *editables]
+
+    check(uv_alone(False), env)  # uv's cache now holds the skills' builds too
+
+    def ours() -> float:
+        remove_venv(world.venv)
+        os.sync()
+        return timed(ours_argv(world), env)
+
+    def uv(offline: bool, skills: bool = True) -> float:
+        rmtree(uv_venv)
+        os.sync()
+        return timed(uv_alone(offline, skills), env)
+
+    variants: dict[str, Callable[[], float]] = {
+        "`kernel-bootstrap ensure`, new venv, locked runtime, online": ours,
+        "uv alone, online": functools.partial(uv, False),
+        "uv alone, `--offline` (the floor)": functools.partial(uv, True),
+        "uv alone, `--offline`, the locked runtime only (no skills)": functools.partial(
+            uv, True, False),
+    }
+    times = interleave(variants, rounds)
+    ours_s, online, offline, _ = (median(t) for t in times.values())
+    rows = [[name, secs(median(t)), "-".join(map(secs, quartiles(t))),
+             ratio(median(t), online), ratio(median(t), offline)]
+            for name, t in times.items()]
+    out.tables["locked-new"] = [Table(
+        "A new venv for a locked runtime (ipykernel) and 4 cached hatchling skills",
+        ["command", "median s", "IQR s", "vs uv online", "vs uv --offline"], rows,
+        [f"Median of {rounds} interleaved rounds; the venv is removed (and the removal "
+         "flushed) before each run. uv alone: `uv venv`, `uv pip install -r pylock.toml "
+         "--require-hashes`, `uv pip install -e` the 4 skills (built once before, with uv's "
+         "cache kept). The last row leaves the skills out: what the runtime alone costs uv "
+         "offline."])]
+    out.verdicts.append(Verdict("new venv, locked runtime + cached skills, vs uv alone online",
+                                "<= 0.4x (bar 0.7x)",
+                                f"{ours_s / online:.2f}x ({secs(ours_s)} vs {secs(online)} s)",
+                                ours_s / online <= 0.7))
+    out.verdicts.append(Verdict("the same vs uv alone --offline (the floor)", "<= 1.3x",
+                                f"{ours_s / offline:.2f}x ({secs(ours_s)} vs {secs(offline)} s)",
+                                ours_s / offline <= 1.3))
 
 
 def fig_backoff_warm(ws: Workspace, rounds: int, out: Results) -> None:
@@ -154,6 +223,8 @@ def main() -> int:
         out = Results()
         if "offline-cold" in only:
             fig_offline_cold(ws, args.rounds or 9, out)
+        if "locked-new" in only:
+            fig_locked_new(ws, args.rounds or 9, out)
         if "backoff-warm" in only:
             fig_backoff_warm(ws, args.rounds or 31, out)
         print("\n".join(machine(ws.uv)))

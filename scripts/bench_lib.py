@@ -419,6 +419,18 @@ def rmtree(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
+def remove_venv(venv: Path) -> None:
+    """Remove a managed venv whole: the link at ``venv`` and every generation and scratch tree
+    beside it (``.<name>.*``). rmtree alone leaves a link in place, and the next ``ensure``
+    would then be warm, or adopt the generation it names, instead of building anything."""
+    if venv.is_symlink():
+        venv.unlink()
+    else:
+        rmtree(venv)
+    for leftover in venv.parent.glob(f".{venv.name}.*"):
+        rmtree(leftover)
+
+
 def bench_parser(doc: str, rounds: int, rounds_help: str, uv_help: str) -> argparse.ArgumentParser:
     """The options every interleaved benchmark takes: ``--rounds``, ``--markdown``, ``--uv``
     (default: the dev venv's uv, beside this interpreter)."""

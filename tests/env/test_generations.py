@@ -90,9 +90,10 @@ def test_each_pth_of_a_generation_runs_once_and_its_paths_are_re_pointed(
     count = tmp_path / "count"
     (site_dir / "zz-counter.pth").write_text(
         f"import sys; open({str(count)!r}, 'a').write('x')\ndata\n")
-    done = subprocess.run([str(world.python), "-c", "import sys; print(repr(sys.path))"],
+    done = subprocess.run([str(world.python), "-c",
+                           "import json, sys; print(json.dumps(sys.path))"],
                           capture_output=True, text=True, check=True)
-    path = eval(done.stdout)  # noqa: S307 - our own child's repr of a list of str
+    path = json.loads(done.stdout)
     assert count.read_text() == "x"
     assert len(path) == len(set(path))
     assert [p for p in path if p.startswith(str(gen))] == [str(site_dir), str(site_dir / "data")]
