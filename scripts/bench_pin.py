@@ -19,6 +19,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import subprocess
 import sys
@@ -76,10 +77,10 @@ def make_venvs(root: Path, uv: Path, runtime: Sequence[str] = (), skills: int = 
 def variants(pairs: dict[str, tuple[Path, Path]]) -> dict[str, Callable[[], Timing]]:
     found: dict[str, Callable[[], Timing]] = {}
     for kind, (plain, live) in pairs.items():
-        found[f"{kind}: plain venv (no pin)"] = \
-            lambda plain=plain: run_timed([Venv.at(plain).python, "-c", "pass"])
-        found[f"{kind}: through <venv> (pin)"] = \
-            lambda live=live: run_timed([Venv.at(live).python, "-c", "pass"])
+        found[f"{kind}: plain venv (no pin)"] = functools.partial(
+            run_timed, [Venv.at(plain).python, "-c", "pass"])
+        found[f"{kind}: through <venv> (pin)"] = functools.partial(
+            run_timed, [Venv.at(live).python, "-c", "pass"])
     return found
 
 
