@@ -110,17 +110,18 @@ def fig_locked_new(ws: Workspace, rounds: int, out: Results) -> None:
     check([BIN / "kernel-bootstrap", "lock", "--config", world.config], env)
     check(ours_argv(world), env)  # fills the build cache with the 4 skills' wheels
     uv_venv = world.dir / "venv-uv"
-    script = ('set -e; uv=$0 venv=$2; "$uv" venv --quiet --python "$1" "$venv"; '
-              '"$uv" pip install --quiet $OFFLINE --python "$venv/bin/python" -r "$3" '
-              '--require-hashes; shift 3; "$uv" pip install --quiet $OFFLINE --python '
-              '"$venv/bin/python" "$@"')
+    runtime = ('set -e; uv=$0 venv=$2; "$uv" venv --quiet --python "$1" "$venv"; '
+               '"$uv" pip install --quiet $OFFLINE --python "$venv/bin/python" -r "$3" '
+               '--require-hashes')
+    then_skills = ('; shift 3; "$uv" pip install --quiet $OFFLINE --python "$venv/bin/python" '
+                   '"$@"')
     editables = [arg for skill in world.skills for arg in ("-e", str(skill))]
 
     def uv_alone(offline: bool, skills: bool = True) -> list[str]:
         flag = "--offline" if offline else ""
-        return ["env", f"OFFLINE={flag}", "bash", "-c", script if skills else
-                script.split("; shift 3")[0], str(ws.uv), BASE_PYTHON, str(uv_venv),
-                str(world.dir / "pylock.toml"), *editables]
+        script = runtime + (then_skills if skills else "")
+        return ["env", f"OFFLINE={flag}", "bash", "-c", script, str(ws.uv), BASE_PYTHON,
+                str(uv_venv), str(world.dir / "pylock.toml"), *editables]
 
     check(uv_alone(False), env)  # uv's cache now holds the skills' builds too
 

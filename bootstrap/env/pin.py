@@ -65,18 +65,26 @@ def _hold(fd):
     os.lockf(fd, os.F_LOCK, 1)
 
 
+def _fcntl():
+    if "fcntl" not in sys.builtin_module_names:
+        try:  # by its path: an import would list the standard library's directories (~0.2 ms)
+            ext = sys.modules["_frozen_importlib_external"]
+            path = "%%s/%%s/python%%d.%%d/lib-dynload/fcntl%%s" %% (
+                sys.base_exec_prefix, sys.platlibdir, *sys.version_info[:2],
+                ext.EXTENSION_SUFFIXES[0])
+            spec = ext.spec_from_file_location("fcntl", path)
+            module = sys.modules["_frozen_importlib"].module_from_spec(spec)
+            spec.loader.exec_module(module)
+            sys.modules["fcntl"] = module
+            return module
+        except Exception:
+            pass  # kept elsewhere by this build: the import finds it
+    import fcntl
+    return fcntl
+
+
 def _flock(fd):
-    if "fcntl" in sys.builtin_module_names:
-        import fcntl
-    else:  # by its path: an import would list the standard library's directories (~0.2 ms)
-        ext = sys.modules["_frozen_importlib_external"]
-        path = "%%s/%%s/python%%d.%%d/lib-dynload/fcntl%%s" %% (
-            sys.base_exec_prefix, sys.platlibdir, *sys.version_info[:2],
-            ext.EXTENSION_SUFFIXES[0])
-        spec = ext.spec_from_file_location("fcntl", path)
-        fcntl = sys.modules["_frozen_importlib"].module_from_spec(spec)
-        spec.loader.exec_module(fcntl)
-        sys.modules["fcntl"] = fcntl
+    fcntl = _fcntl()
     fcntl.flock(fd, fcntl.LOCK_SH)
 
 
