@@ -141,7 +141,7 @@ def publish_trees(
     with _locked(state, lock_timeout):
         _tidy(state, grace)
         results = [_publish_one(state, t, h) for t, h in zip(trees, hashes, strict=True)]
-        remember(state.base, root, [r.name for r in results])
+        remember(state.base, root, {r.name: r.hash for r in results})
         pruned = (prune_root(state.base, root, {r.name for r in results},
                              lambda name: _retired_slot(state, name)) if prune else Pruned())
         _tidy(state, grace)

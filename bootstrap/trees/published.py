@@ -73,6 +73,17 @@ def remember(hashes: Path, live: Path, digest: str, tree: SkillTree) -> None:
                     path=str(live), error=str(e))
 
 
+def recorded_hash(hashes: Path, name: str, ino: int) -> str | None:
+    """The hash last recorded for ``ROOT/<name>`` when it was inode ``ino``; None without one.
+
+    For a record of published skills written before it held hashes (prune.py's schema 1): a
+    skill out of the set was last hashed when it was last published, so this is the hash of the
+    tree publish put there.
+    """
+    record = _read(hashes / f"{name}.json")
+    return record["hash"] if record is not None and record["ino"] == ino else None
+
+
 def _signature(tree: SkillTree) -> str:
     """A digest of the tree's metadata (no content): if it still matches, the content hash does.
 

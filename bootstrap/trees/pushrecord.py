@@ -9,8 +9,12 @@ there, ``NAME DIGEST SUM``:
   carries), so an equal digest means a full push would leave the same tree;
 - SUM is ``tar -c | cksum`` (or ``md5sum``, ``sha1sum``, ``sha256sum``: Debian's BusyBox has no
   cksum) of the tree as it landed, taken in the sandbox right after it was renamed in: a tree
-  changed there since (by hand, by an agent) no longer sums the same, and is sent again. Where
-  none of them exists, SUM is empty and nothing is ever taken as held.
+  changed there since (by hand, by an agent) no longer sums the same, and is sent again (and
+  ``--prune`` keeps it: it is no longer ours). Where none of them exists, SUM is empty and
+  nothing is ever taken as held, or pruned.
+
+A record over :data:`RECORD_LIMIT` is not read (``dd`` tells, without reading it): it is
+treated as absent, with a warning.
 
 The script speaks first (:data:`REPORT`): under the push lock, it prints ``kb-push-held TOKEN``
 and ``NAME=DIGEST`` for each skill of the set it holds intact; the client streams only the
@@ -25,16 +29,22 @@ from __future__ import annotations
 
 import hashlib
 import os
+import posixpath
 import stat
 import threading
 from collections.abc import Mapping
 from typing import Final
 
-from bootstrap.primitives import tar
+from bootstrap.primitives import log, tar
 from bootstrap.trees.skillmd import unsafe_name
 from bootstrap.trees.skilltree import SkillTree, tree_hash
 
 HELD: Final = "kb-push-held"
+# The largest sandbox record read (a larger one is treated as absent). A line is at most ~215
+# bytes (a name of the spec's 64 characters, the digest, a sha256sum), so this holds over 4,800
+# skills; the script's sh reads it byte by byte (dash: ~0.7 s per MiB) on each of four passes,
+# so a larger cap would only let a planted record stall every push for longer.
+RECORD_LIMIT: Final = 1024 * 1024
 
 # A push into several sandboxes hashes each tree once (the trees of one push are the same
 # objects for every runtime; a later push loads new ones, so nothing stale is reused).
@@ -84,14 +94,38 @@ def held(line: str | None, token: str) -> dict[str, str]:
     return out
 
 
+def said(stdout: str, tag: str) -> tuple[str, ...]:
+    """The skill names the script reported on lines ``TAG NAME`` (only names we could have
+    pushed: the sandbox's output is not ours to trust)."""
+    names = (line.removeprefix(f"{tag} ") for line in stdout.splitlines()
+             if line.startswith(f"{tag} "))
+    return tuple(n for n in names if unsafe_name(n) is None)
+
+
+def log_notes(stdout: str, dest: str, runtime: str) -> None:
+    """Tell what the script reported beside the push: a record it did not read, and the
+    entries of DEST that ``--prune`` kept, and why (fixed texts: only the tags are read)."""
+    ignored = set(said(stdout, "kb-push-record-ignored"))
+    if ignored:
+        why = (f"it is larger than {RECORD_LIMIT >> 20} MiB" if "too-large" in ignored
+               else "the sandbox has no dd to read it with a bound")
+        log.warning(f"ignored the push record in {runtime}: {why}; every skill was sent, "
+                    "and --prune removes only what a push records from now on", dest=dest)
+    changed = set(said(stdout, "kb-push-changed"))
+    for name in said(stdout, "kb-push-kept"):
+        why = ("replaced or changed since kernel-bootstrap pushed it" if name in changed
+               else "not put there by kernel-bootstrap")
+        log.info(f"kept {posixpath.join(dest, name)} in {runtime}: {why}")
+
+
 def member(name: str, data: bytes) -> bytes:
     """A tar file member holding ``data`` (header, content, padding)."""
     pad = -len(data) % tar.BLOCK
     return tar.header(name, "file", 0o644, 0, len(data)) + data + bytes(pad)
 
 
-# Shell fragments of the push script (bootstrap.trees.targets); POSIX sh, busybox-portable, with a
-# checksum tool as the one beyond the script's own list (without one, every skill is sent).
+# Shell fragments of the push script (bootstrap.trees.targets); POSIX sh, busybox-portable, with
+# a checksum tool and dd beyond the script's own list (without them, every skill is sent).
 REPORT: Final = r"""in_set() { for n in @NAMES@; do [ "$n" = "$1" ] && return 0; done; return 1; }
 valid_name() { case $1 in ''|.*|*/*|*[!a-z0-9._-]*) return 1 ;; esac; return 0; }
 hasher=
@@ -112,7 +146,16 @@ whole=
 intact=
 if [ -f "$record" ] && [ ! -L "$record" ]; then
   take_lock
-  recorded=$(cat "$record" 2>/dev/null) || recorded=
+  # sh reads a record byte by byte, several times over (a 13 MB one took 16 s): one larger
+  # than any real record is not read at all. dd seeks to the byte past the cap rather than
+  # reading up to it, and then reads at most the cap, should the file grow in between.
+  if ! command -v dd >/dev/null 2>&1; then
+    echo "kb-push-record-ignored no-dd"
+  elif [ "$(dd if="$record" bs=1 skip=@LIMIT@ count=1 2>/dev/null; echo .)" != . ]; then
+    echo "kb-push-record-ignored too-large"
+  else
+    recorded=$(dd if="$record" bs=@LIMIT@ count=1 2>/dev/null) || recorded=
+  fi
   # The usual case first: the same set, all of it intact, told by one tar of the whole set
   # against the sum of it the last push recorded (line "* SUM"); else skill by skill.
   whole=$(printf '%s\n' "$recorded" | while read -r n d s rest; do
@@ -128,22 +171,28 @@ if [ -f "$record" ] && [ ! -L "$record" ]; then
   done)
 fi
 echo "kb-push-held $token$have"
-"""
+""".replace("@LIMIT@", str(RECORD_LIMIT))
 
-# The new record, and --prune by the old one: a recorded skill not in the set is moved out of
-# DEST in one rename (a reader sees it whole or not at all); DEST's other entries are only
-# named (kept). The record is read as untrusted text (only a regular file, only lines naming a
-# skill) and replaced in one rename after the removals; a push killed in between leaves names
-# whose trees are gone, which the next one drops.
+# The new record, and --prune by the old one: a recorded skill not in the set whose tree still
+# sums as it landed is moved out of DEST in one rename (a reader sees it whole or not at all);
+# one replaced or edited in the sandbox since (or any, where no checksum tool can tell) is no
+# longer ours: it stays, named, and leaves the record. DEST's other entries are only named
+# (kept). The record is read as untrusted text (only a regular file, only lines naming a skill)
+# and replaced in one rename after the removals; a push killed in between leaves names whose
+# trees are gone, which the next one drops.
 RECORD: Final = r""": > "$stage/record" || fail "cannot write $stage/record"
-printf '%s\n' "$recorded" | while read -r name rest; do
+printf '%s\n' "$recorded" | while read -r name digest sum rest; do
   valid_name "$name" || continue
   in_set "$name" && continue
   [ -d "$dest/$name" ] && [ ! -L "$dest/$name" ] || continue
-  if [ -n "$prune" ] && mv "$dest/$name" "$stage/old/$name"; then
+  if [ -z "$prune" ]; then
+    printf '%s %s %s\n' "$name" "$digest" "$sum" >> "$stage/record"
+  elif [ -z "$sum" ] || [ "$(treesum "$name")" != "$sum" ]; then
+    echo "kb-push-changed $name"
+  elif mv "$dest/$name" "$stage/old/$name"; then
     echo "kb-push-removed $name"
   else
-    printf '%s %s\n' "$name" "$rest" >> "$stage/record"
+    printf '%s %s %s\n' "$name" "$digest" "$sum" >> "$stage/record"
   fi
 done
 # Kept skills keep their lines (they were not sent because the digest there is the one the

@@ -2,11 +2,11 @@
 
 A skill is a directory holding ``SKILL.md``; its name is the directory's name. The front matter
 is YAML between a first line ``---`` and the next ``---`` line, parsed by a real YAML parser
-(PyYAML's safe loader): reading it line by line published ``description: |-`` as "|-" and YAML
-that no agent could load as valid. What makes a skill unloadable is an error; what the spec
-only advises against is a warning (Anthropic's own ``claude-api`` skill has a 1,068-character
-description: refusing it would refuse real skills). Each finding names the file, the key and
-the rule.
+(PyYAML's safe loader, reading YAML 1.2 as agents' loaders do: :mod:`bootstrap.trees.yaml12`):
+reading it line by line published ``description: |-`` as "|-" and YAML that no agent could load
+as valid. What makes a skill unloadable is an error; what the spec only advises against is a
+warning (Anthropic's own ``claude-api`` skill has a 1,068-character description: refusing it
+would refuse real skills). Each finding names the file, the key and the rule.
 
 PyYAML costs ~20 ms to import: it is imported only when a SKILL.md is actually checked, never
 on the warm path (``bootstrap.warm`` answers from a stat fingerprint before any of this).
@@ -101,27 +101,41 @@ def name_findings(name: str) -> tuple[list[str], list[str]]:
     return [f"invalid skill name {name!r}: {e}" for e in errors], warnings
 
 
-def front_matter_text(text: str) -> str | None:
-    """The YAML between the fences, or None when there is no closed front matter."""
-    lines = text.removeprefix("\ufeff").replace("\r\n", "\n").replace("\r", "\n").split("\n")
-    if not lines or lines[0].rstrip() != _FENCE:
-        return None
+def _lines(text: str) -> list[str]:
+    # One reading of line ends for the fences and the YAML alike: "\r\n", "\n" and a lone
+    # "\r" (a lone "\r" after the first fence used to make the front matter "missing").
+    return text.removeprefix("\ufeff").replace("\r\n", "\n").replace("\r", "\n").split("\n")
+
+
+def _closed(lines: list[str]) -> str | None:
+    """The YAML between the first line's fence and the next, or None when it is not closed."""
     for index, line in enumerate(lines[1:], start=1):
         if line.rstrip() == _FENCE:
             return "\n".join(lines[1:index])
     return None
 
 
-def check_text(skill_md: Path, text: str, dir_name: str) -> Checked:
-    """Check the text of ``skill_md`` (in the directory ``dir_name``) against the spec."""
+def front_matter_text(text: str) -> str | None:
+    """The YAML between the fences, or None when there is no closed front matter."""
+    lines = _lines(text)
+    return _closed(lines) if lines[0].rstrip() == _FENCE else None
+
+
+def check_text(skill_md: Path, text: str, dir_name: str, *, whole: bool = True) -> Checked:
+    """Check the text of ``skill_md`` (in the directory ``dir_name``) against the spec;
+    ``whole`` is false when ``text`` is only the file's first 64 KiB."""
     found = _Findings(skill_md)
-    if text.removeprefix("\ufeff").split("\n", 1)[0].rstrip() != _FENCE:
+    lines = _lines(text)
+    if lines[0].rstrip() != _FENCE:
         found.error("front matter", "missing: SKILL.md must start with a '---' line")
         return found.result()
-    yaml_text = front_matter_text(text)
+    yaml_text = _closed(lines)
     if yaml_text is None:
-        found.error("front matter", "not closed: no second '---' line"
-                    f" in the first {_MAX_FRONT_MATTER // 1024} KiB")
+        # Past the limit, a closing fence may well follow: "not closed" sent people looking
+        # for a fence that was there.
+        found.error("front matter", "not closed: no second '---' line" if whole else
+                    f"too large: no closing '---' line in its first {_MAX_FRONT_MATTER // 1024}"
+                    " KiB, the most a front matter may hold")
         return found.result()
     data = _parse(found, yaml_text)
     if data is not None:
@@ -134,16 +148,17 @@ def check_file(skill_md: Path, dir_name: str) -> Checked:
     try:
         # Never blocks: a FIFO put there is refused, not waited on (SKILL.md may be a link).
         with open(open_regular(skill_md, follow=True), "rb") as f:
-            head = f.read(_MAX_FRONT_MATTER)
+            head = f.read(_MAX_FRONT_MATTER + 1)  # one byte more tells "all of it" apart
+        whole = len(head) <= _MAX_FRONT_MATTER
         # Incremental: a multi-byte character cut by the read limit is not a decoding error
         # (fuzzing found valid files longer than 64 KiB reported as "not UTF-8").
         decoder = codecs.getincrementaldecoder("utf-8")()
-        text = decoder.decode(head, final=len(head) < _MAX_FRONT_MATTER)
+        text = decoder.decode(head[:_MAX_FRONT_MATTER], final=whole)
     except UnicodeDecodeError:
         return Checked((Finding(skill_md, "file", "is not UTF-8 text"),))
     except OSError as e:
         return Checked((Finding(skill_md, "file", f"cannot read: {e.strerror or e}"),))
-    return check_text(skill_md, text, dir_name)
+    return check_text(skill_md, text, dir_name, whole=whole)
 
 
 # Checking a skill costs a YAML parse; ensure's ready gate asks twice per run, and a library
@@ -222,10 +237,10 @@ def report(named: Iterable[tuple[str, Checked]]) -> dict[str, str]:
     for name, result in named:
         log_warnings(result)
         if result.errors:
+            # The warm path repeats this warning, word for word.
             from bootstrap.primitives import log
-            log.warning("skill is invalid: agents cannot load it, so it is skipped", skill=name,
-                        error=result.problem, hint=f"fix its {SKILL_FILE} and run "
-                        "`kernel-bootstrap ensure` again")
+            from bootstrap.warm_failures import INVALID, INVALID_HINT
+            log.warning(INVALID, skill=name, error=result.problem, hint=INVALID_HINT)
             failed[name] = result.problem
     return failed
 
@@ -249,16 +264,23 @@ class _Findings:
 def _parse(found: _Findings, yaml_text: str) -> dict[Any, Any] | None:
     import yaml
 
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the C parser when libyaml is there
+    from bootstrap.trees import yaml12
+
     try:
-        data = yaml.load(yaml_text, Loader=loader)
+        data = yaml12.load(yaml_text)
+    except yaml12.DuplicateKeyError as e:
+        # The file's lines: the YAML starts on line 2.
+        found.error((str(e.key) or repr(e.key))[:80],
+                    f"appears twice (lines {e.first_line + 2} and {e.line + 2}): "
+                    "each key of a YAML mapping must be unique")
+        return None
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         where = f" (line {mark.line + 2})" if mark is not None else ""
         found.error("front matter", f"not valid YAML: {e.problem or e.context}{where}")
         return None
-    # ValueError: a timestamp such as 2024-02-30; RecursionError: nesting deeper than Python's
-    # stack. Both are YAML that no agent's parser loads either.
+    # ValueError: an explicit !!timestamp 2024-02-30, an integer of 5,000 digits;
+    # RecursionError: nesting deeper than Python's stack. YAML that no agent's parser loads.
     except (yaml.YAMLError, ValueError, RecursionError, OverflowError) as e:
         found.error("front matter", f"not valid YAML: {str(e).splitlines()[0] if str(e) else e!r}")
         return None
@@ -285,15 +307,18 @@ def _check_mapping(found: _Findings, data: dict[Any, Any], dir_name: str) -> Non
         if key in data and not isinstance(data[key], str):
             found.error(key, f"must be a string, not {_kind(data[key])}")
     compatibility = data.get("compatibility")
-    if isinstance(compatibility, str) and len(compatibility) > MAX_COMPATIBILITY:
+    if isinstance(compatibility, str) and not compatibility.strip():
+        found.error("compatibility", "must not be empty (the spec: 1 to 500 characters)")
+    elif isinstance(compatibility, str) and len(compatibility) > MAX_COMPATIBILITY:
         found.warn("compatibility", f"is longer than {MAX_COMPATIBILITY} characters "
                                     f"({len(compatibility)})")
     if "metadata" in data:
         _check_metadata(found, data["metadata"])
     for key in data:
         if key not in KNOWN_KEYS:
-            found.warn(str(key)[:80], "is not a key the spec defines "
-                                      f"({', '.join(KNOWN_KEYS)})")
+            # repr: an empty key ('': x) would make a finding with no key at all
+            found.warn(str(key)[:80] or repr(key), "is not a key the spec defines "
+                                                   f"({', '.join(KNOWN_KEYS)})")
 
 
 def _check_name(found: _Findings, data: dict[Any, Any], dir_name: str) -> None:

@@ -30,7 +30,6 @@ from typing import Final, Protocol, TypedDict
 from bootstrap.errors import BootstrapError, ConfigError
 from bootstrap.primitives import log, process, tar
 from bootstrap.trees import pushrecord
-from bootstrap.trees.skillmd import unsafe_name
 from bootstrap.trees.skilltree import SkillTree
 
 LOCAL: Final = "local"
@@ -178,10 +177,8 @@ class ExecTarget:
                 f"command's exit status on?\n  command: {shlex.join(shown)}"
             )
         skills = tuple(PushedSkill(n, posixpath.join(target, n)) for n in names)
-        removed = _said(stdout, "kb-push-removed")
-        for name in _said(stdout, "kb-push-kept"):
-            log.info(f"kept {posixpath.join(target, name)} in {self.name}: not put there by "
-                     "kernel-bootstrap")
+        removed = pushrecord.said(stdout, "kb-push-removed")
+        pushrecord.log_notes(stdout, target, self.name)
         return PushReport(self.name, dest, ok=True, skills=skills, removed=removed)
 
     def command(self, script: str) -> tuple[str, ...]:
@@ -191,14 +188,6 @@ class ExecTarget:
             # shell, which would split SCRIPT into words: hand it one pre-quoted line instead.
             return (*self.argv, shlex.join(["sh", "-c", script]))
         return (*self.argv, "sh", "-c", script)
-
-
-def _said(stdout: str, tag: str) -> tuple[str, ...]:
-    """The skill names the script reported on lines ``TAG NAME`` (only names we could have
-    pushed: the sandbox's output is not ours to trust)."""
-    names = (line.removeprefix(f"{tag} ") for line in stdout.splitlines()
-             if line.startswith(f"{tag} "))
-    return tuple(n for n in names if unsafe_name(n) is None)
 
 
 def remote_dest(dest: str) -> str:

@@ -8,6 +8,7 @@ import os
 import subprocess
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,7 +23,7 @@ FILES = {f"part{i % 5}/f{i:03}.txt": f"{i}\n" for i in range(300)}
 
 
 def publish(capsys: pytest.CaptureFixture[str], root: Path, *sources: Path,
-            prune: bool = True) -> tuple[int, dict[str, object], str]:
+            prune: bool = True) -> tuple[int, dict[str, Any], str]:
     code = main(["publish", *map(str, sources), "--into", str(root), "--json",
                  *(["--prune"] if prune else [])])
     out, err = capsys.readouterr()
@@ -73,7 +74,80 @@ def test_a_published_tree_replaced_by_hand_is_no_longer_ours(
     make_skill(root, "beta", {"mine.txt": "x"})  # a new directory: another inode
     _, out, err = publish(capsys, root, src / "alpha")
     assert out["removed"] == [] and (root / "beta" / "mine.txt").is_file()
-    assert "replaced since kernel-bootstrap published it" in err
+    assert "replaced or changed since kernel-bootstrap published it" in err
+
+
+def _record_at_inode(root: Path, name: str) -> None:
+    """Point the record's entry for ``name`` at what ``ROOT/name`` is now: the state a
+    filesystem that hands a freed inode back to the next ``mkdir`` leaves (ext4 and tmpfs
+    often do, but not reliably enough to wait for in a test)."""
+    record = state_dir(root.resolve()) / "published.json"
+    data = json.loads(record.read_text())
+    st = os.lstat(root / name)
+    data["skills"][name][:2] = [st.st_dev, st.st_ino]
+    record.write_text(json.dumps(data))
+
+
+def test_a_directory_made_again_at_the_recorded_inode_is_kept(
+        tmp_path: Path, src: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # The incident: `rm -rf ROOT/beta; mkdir ROOT/beta` got the freed inode back, and the
+    # next prune took the person's directory for the tree it had published.
+    root = tmp_path / "root"
+    publish(capsys, root, src / "alpha", src / "beta", prune=False)
+    subprocess.run(["rm", "-rf", str(root / "beta")], check=True)
+    (root / "beta").mkdir()
+    (root / "beta" / "notes").write_text("mine\n")
+    _record_at_inode(root, "beta")
+    code, out, err = publish(capsys, root, src / "alpha")
+    assert code == 0 and out["removed"] == []
+    assert (root / "beta" / "notes").read_text() == "mine\n"
+    assert f"kept {root / 'beta'}: replaced or changed since kernel-bootstrap published it" in err
+
+
+@pytest.mark.parametrize("change", ["emptied-and-refilled", "file-edited", "file-added"])
+def test_a_published_tree_changed_in_place_is_kept(
+        tmp_path: Path, src: Path, capsys: pytest.CaptureFixture[str], change: str) -> None:
+    # The same inode, with what a person put there: nothing that is not exactly what was
+    # published is removed.
+    root = tmp_path / "root"
+    publish(capsys, root, src / "alpha", src / "beta", prune=False)
+    beta = root / "beta"
+    if change == "emptied-and-refilled":
+        for child in beta.iterdir():
+            child.unlink()
+        (beta / "notes").write_text("mine\n")
+    elif change == "file-edited":
+        (beta / "SKILL.md").write_text((beta / "SKILL.md").read_text() + "my notes\n")
+    else:
+        (beta / "notes").write_text("mine\n")
+    code, out, err = publish(capsys, root, src / "alpha")
+    assert code == 0 and out["removed"] == [] and beta.is_dir()
+    assert "replaced or changed since kernel-bootstrap published it" in err
+    # No longer ours: dropped from the record, so a later prune keeps it too, silently mine.
+    code, out, _ = publish(capsys, root, src / "alpha")
+    assert out["removed"] == [] and beta.is_dir()
+    record = json.loads((state_dir(root.resolve()) / "published.json").read_text())
+    assert list(record["skills"]) == ["alpha"]
+
+
+@pytest.mark.parametrize("change", ["unchanged", "edited", "no-hash-record"])
+def test_a_record_written_before_it_held_hashes_still_prunes_only_unchanged_trees(
+        tmp_path: Path, src: Path, capsys: pytest.CaptureFixture[str], change: str) -> None:
+    # Schema 1 (name -> [dev, ino]): a tree gets the hash publish's hash record holds for it.
+    root = tmp_path / "root"
+    publish(capsys, root, src / "alpha", src / "beta", prune=False)
+    state = state_dir(root.resolve())
+    record = state / "published.json"
+    skills = json.loads(record.read_text())["skills"]
+    record.write_text(json.dumps({"schema": 1, "skills": {n: w[:2] for n, w in skills.items()}}))
+    if change == "edited":
+        (root / "beta" / "notes").write_text("mine\n")
+    elif change == "no-hash-record":
+        (state / "hashes" / "beta.json").unlink()
+    code, out, _ = publish(capsys, root, src / "alpha")
+    assert code == 0 and out["removed"] == (["beta"] if change == "unchanged" else [])
+    assert (root / "beta").is_dir() == (change != "unchanged")
+    assert json.loads(record.read_text()) == {"schema": 2, "skills": {"alpha": skills["alpha"]}}
 
 
 @pytest.mark.parametrize("planted", ["symlink", "garbage", "wrong-types", "fifo"])
@@ -180,6 +254,40 @@ def test_push_prune_into_a_local_dir_and_through_exec(
         assert "by-hand" in err and "not put there by kernel-bootstrap" in err
 
 
+def _change(tree: Path, how: str) -> None:
+    """What a person or an agent in the sandbox does to a pushed tree."""
+    if how == "replaced":
+        subprocess.run(["rm", "-rf", str(tree)], check=True)
+        tree.mkdir()
+        (tree / "notes").write_text("mine\n")
+    else:
+        (tree / "notes").write_text("mine\n")
+
+
+@pytest.mark.parametrize("how", ["edited", "replaced"])
+@pytest.mark.parametrize("runtime", [[], ["--exec", "env"]], ids=["local", "exec"])
+def test_push_prune_keeps_a_tree_changed_in_the_sandbox_since_the_push(
+        tmp_path: Path, src: Path, capsys: pytest.CaptureFixture[str], runtime: list[str],
+        how: str) -> None:
+    dest = tmp_path / "dest"
+    assert main(["push", str(src / "alpha"), str(src / "beta"), str(src / "gamma"),
+                 "--dest", str(dest), *runtime]) == 0
+    _change(dest / "beta", how)
+    capsys.readouterr()
+    assert main(["push", str(src / "alpha"), "--dest", str(dest), "--prune", "--json",
+                 *runtime]) == 0
+    out, err = capsys.readouterr()
+    (report,) = json.loads(out)["runtimes"]
+    assert report["ok"] and report["removed"] == ["gamma"]
+    assert (dest / "beta" / "notes").read_text() == "mine\n"
+    assert "beta" in err and "changed since kernel-bootstrap" in err
+    # No longer ours: a later prune keeps it as well.
+    assert main(["push", str(src / "alpha"), "--dest", str(dest), "--prune", "--json",
+                 *runtime]) == 0
+    (report,) = json.loads(capsys.readouterr()[0])["runtimes"]
+    assert report["removed"] == [] and (dest / "beta" / "notes").is_file()
+
+
 def test_exec_push_prune_reads_its_record_as_untrusted_text(
         tmp_path: Path, src: Path, capsys: pytest.CaptureFixture[str]) -> None:
     dest = tmp_path / "dest"
@@ -222,12 +330,13 @@ def test_an_exec_record_naming_a_tree_already_gone_is_dropped(
 def test_exec_push_prune_under_busybox(tmp_path: Path, src: Path) -> None:
     runtime = busybox_runtime(tmp_path)
     dest = tmp_path / "dest"
-    [first] = push_sync([src / "alpha", src / "beta"], str(dest), [runtime])
+    [first] = push_sync([src / "alpha", src / "beta", src / "gamma"], str(dest), [runtime])
     assert first.ok, first.error
     make_skill(dest, "by-hand")
+    _change(dest / "gamma", "edited")
     [report] = push_sync([src / "alpha"], str(dest), [runtime], prune=True)
     assert report.ok, report.error
     assert report.removed == ("beta",)
-    assert sorted(os.listdir(dest)) == ["alpha", "by-hand"]
+    assert sorted(os.listdir(dest)) == ["alpha", "by-hand", "gamma"]
     record = (tmp_path / ".dest.kb-record").read_text()
     assert names(record) == ["alpha"]

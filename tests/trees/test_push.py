@@ -290,9 +290,10 @@ def test_a_file_shrinking_mid_push_changes_nothing(tmp_path: Path) -> None:
 
         name = "shrinking"
 
-        async def push(self, trees: Sequence[SkillTree], dest: str) -> PushReport:
+        async def push(self, trees: Sequence[SkillTree], dest: str, *,
+                       prune: bool = False) -> PushReport:
             (src / "big.bin").write_text("x" * 10)
-            return await target_for("env").push(trees, dest)
+            return await target_for("env").push(trees, dest, prune=prune)
 
     [report] = push_sync([src], str(dest), [Shrinking()])
 
@@ -310,7 +311,8 @@ class CountingRuntime:
     name: str
     active: list[int] = field(default_factory=lambda: [0, 0])  # [now, peak], shared
 
-    async def push(self, trees: Sequence[SkillTree], dest: str) -> PushReport:
+    async def push(self, trees: Sequence[SkillTree], dest: str, *,
+                   prune: bool = False) -> PushReport:
         self.active[0] += 1
         self.active[1] = max(self.active[1], self.active[0])
         await asyncio.sleep(0.02)
@@ -337,7 +339,8 @@ def test_library_push_turns_a_runtime_error_into_a_failed_report(tmp_path: Path)
     class Broken:
         name = "broken"
 
-        async def push(self, trees: Sequence[SkillTree], dest: str) -> PushReport:
+        async def push(self, trees: Sequence[SkillTree], dest: str, *,
+                       prune: bool = False) -> PushReport:
             raise OSError(28, "No space left on device")
 
     [report, good] = push_sync([src], "/skills", [Broken(), CountingRuntime("ok")])

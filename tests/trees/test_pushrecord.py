@@ -3,13 +3,16 @@ exec call, and the tree it ends with is the one a full push would leave."""
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
 import shutil
 import stat
 from pathlib import Path
 
 import pytest
 
+from bootstrap.cli import main
 from bootstrap.trees.push import push_sync
 from bootstrap.trees.pushrecord import held
 from bootstrap.trees.targets import ExecTarget
@@ -18,6 +21,7 @@ from testing.skills import make_skill
 from tests.trees.test_targets import busybox_runtime, needs_busybox
 
 DIGEST = "sha256:" + "ab" * 32
+RECORD_LIMIT = 1024 * 1024  # README: a record over 1 MiB is ignored
 
 
 def skills(parent: Path) -> list[Path]:
@@ -141,23 +145,65 @@ def test_an_unchanged_push_into_busybox_sends_nothing(tmp_path: Path) -> None:
     assert b"new\n" in sent and b"content-s1" not in sent
 
 
-def test_a_sandbox_without_a_checksum_tool_is_sent_everything(tmp_path: Path) -> None:
-    # The host's own tools, minus every checksum tool (BusyBox's sh finds its applets even off
-    # PATH, so it cannot stand in for such a sandbox).
+def host_tools(tmp_path: Path, *extra: str) -> tuple[str, ...]:
+    """An exec prefix whose sandbox has only the host's own copies of the script's tools, and
+    ``extra`` (BusyBox's sh finds its applets even off PATH, so it cannot stand in for a
+    sandbox that lacks one)."""
     tools = tmp_path / "tools"
     tools.mkdir()
     for tool in ("sh", "tar", "mkdir", "mv", "ln", "rm", "dirname", "basename", "printf",
-                 "echo", "kill", "env", "cat", "sleep"):
+                 "echo", "kill", "env", "cat", "sleep", *extra):
         found = shutil.which(tool)
         assert found is not None
         (tools / tool).symlink_to(found)
-    counted = Counted(tmp_path, (str(tools / "env"), f"PATH={tools}"))
+    return (str(tools / "env"), f"PATH={tools}")
+
+
+@needs_busybox
+def test_a_record_over_the_cap_is_not_read_by_busybox(tmp_path: Path) -> None:
+    counted = Counted(tmp_path, busybox_runtime(tmp_path).argv)
+    sources = skills(tmp_path / "src")
+    dest = tmp_path / "dest"
+    counted.push(sources, dest)
+    record = tmp_path / ".dest.kb-record"
+    record.write_bytes(record.read_bytes() + b"#" * RECORD_LIMIT + b"\n")
+    _, sent = counted.push(sources, dest)
+    assert b"content-s0" in sent and record.stat().st_size < 4096
+    _, sent = counted.push(sources, dest)
+    assert b"content-s" not in sent
+
+
+def test_a_sandbox_without_a_checksum_tool_is_sent_everything_and_pruned_of_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    counted = Counted(tmp_path, host_tools(tmp_path, "dd"))
     sources = skills(tmp_path / "src")
     dest = tmp_path / "dest"
     counted.push(sources, dest)
     _, sent = counted.push(sources, dest)
     assert b"content-s2" in sent
     assert tree_of(dest) == tree_of(sources[0].parent)
+    # Nothing tells whether s2 is still the tree pushed there: it stays.
+    capsys.readouterr()
+    assert main(["push", *map(str, sources[:2]), "--dest", str(dest), "--prune", "--json",
+                 "--exec", shlex.join(counted.runtime.argv)]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["runtimes"][0]["removed"] == [] and (dest / "s2").is_dir()
+    assert "replaced or changed since kernel-bootstrap pushed it" in err
+
+
+def test_a_sandbox_without_dd_is_sent_everything_with_a_warning(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Without dd the record cannot be read with a bound: it is not read.
+    counted = Counted(tmp_path, host_tools(tmp_path, "cksum"))
+    sources = skills(tmp_path / "src")
+    dest = tmp_path / "dest"
+    counted.push(sources, dest)
+    capsys.readouterr()
+    assert main(["push", *map(str, sources), "--dest", str(dest), "--exec",
+                 shlex.join(counted.runtime.argv)]) == 0
+    sent = max(counted.stdin.iterdir(), key=lambda p: int(p.name)).read_bytes()
+    assert b"content-s2" in sent
+    assert "ignored the push record" in capsys.readouterr().err
 
 
 def test_the_report_line_is_read_as_untrusted_text() -> None:
@@ -184,3 +230,33 @@ def test_a_smaller_set_is_checked_alone_once_then_as_a_whole_again(
     _, sent = counted.push(sources[:2], dest)
     assert b"content-s" not in sent
     assert [ln for ln in record.read_text().splitlines() if ln.startswith("* ")] == now
+
+
+@pytest.mark.parametrize("over", [0, 1], ids=["at-the-cap", "one-byte-over"])
+def test_a_record_over_the_cap_is_not_read(tmp_path: Path, counted: Counted,
+                                          capsys: pytest.CaptureFixture[str], over: int) -> None:
+    # A 13 MB record took 16 s to read, a 127 MB one minutes: a record over the cap is not
+    # read at all. Everything is sent, and --prune removes nothing it cannot vouch for.
+    sources = skills(tmp_path / "src")
+    dest = tmp_path / "dest"
+    counted.push(sources, dest)
+    record = tmp_path / ".dest.kb-record"
+    padding = (b"#" * 63 + b"\n") * (RECORD_LIMIT // 64 + 1)
+    record.write_bytes((record.read_bytes() + padding)[:RECORD_LIMIT + over - 1] + b"\n")
+    assert record.stat().st_size == RECORD_LIMIT + over
+    capsys.readouterr()
+    assert main(["push", *map(str, sources[:2]), "--dest", str(dest), "--prune", "--json",
+                 "--exec", shlex.join(counted.runtime.argv)]) == 0
+    out, err = capsys.readouterr()
+    (report,) = json.loads(out)["runtimes"]
+    sent = max(counted.stdin.iterdir(), key=lambda p: int(p.name)).read_bytes()
+    if over:
+        assert b"content-s0" in sent and b"content-s1" in sent
+        assert report["removed"] == [] and (dest / "s2").is_dir()
+        assert "ignored the push record" in err and "larger than 1 MiB" in err
+    else:
+        assert b"content-s" not in sent
+        assert report["removed"] == ["s2"] and not (dest / "s2").exists()
+        assert "push record" not in err
+    # The record is written anew, small again.
+    assert record.stat().st_size < 4096

@@ -4,6 +4,7 @@ publish, push, ensure and status do with a skill that breaks one."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -69,7 +70,11 @@ ERRORS = [
     ("a mapping", VALID, "- name\n- demo\n", "must be a mapping of keys to values, not a list"),
     ("not empty", VALID, "", "must be a mapping of keys to values, not empty"),
     ("a real date", VALID + "metadata:\n  d: '2024-02-30'\n",
-     VALID + "metadata:\n  d: 2024-02-30\n", "not valid YAML"),
+     VALID + "metadata:\n  d: !!timestamp 2024-02-30\n", "not valid YAML"),
+    ("compatibility not empty", VALID + "compatibility: Python 3.11\n",
+     VALID + "compatibility: ''\n", "compatibility: must not be empty"),
+    ("a key once", VALID + "license: MIT\n", VALID + "license: MIT\nlicense: MIT\n",
+     "license: appears twice (lines 4 and 5)"),
 ]
 
 
@@ -90,6 +95,8 @@ WARNINGS = [
      VALID + "compatibility: " + "c" * 501 + "\n", "compatibility: is longer than 500"),
     ("unknown key", VALID + "license: MIT\n", VALID + "version: 2\n",
      "version: is not a key the spec defines"),
+    ("unknown empty key", VALID + "license: MIT\n", VALID + "'': 2\n",
+     "'': is not a key the spec defines"),
 ]
 
 
@@ -135,6 +142,93 @@ def test_missing_or_unclosed_front_matter_is_an_error(text: str, says: str) -> N
 def test_crlf_and_a_byte_order_mark_are_front_matter_too() -> None:
     text = "\ufeff---\r\nname: demo\r\ndescription: d\r\n---\r\nbody\r\n"
     assert check_text(Path("/s/demo/SKILL.md"), text, "demo").errors == ()
+
+
+def test_lone_cr_line_endings_are_front_matter_too() -> None:
+    # The first line used to be split at "\n" only: the whole file, so "missing".
+    text = "---\rname: demo\rdescription: d\r---\rbody\r"
+    assert check_text(Path("/s/demo/SKILL.md"), text, "demo").errors == ()
+
+
+def _long_front_matter(tmp_path: Path, closed: bool) -> Path:
+    """A SKILL.md whose front matter runs past 64 KiB: a block description of 70 KiB."""
+    skill_md = tmp_path / "demo" / "SKILL.md"
+    skill_md.parent.mkdir()
+    block = "  a line of a very long description\n" * 2000
+    skill_md.write_text("---\nname: demo\ndescription: |\n" + block
+                        + ("---\n# body\n" if closed else ""))
+    assert skill_md.stat().st_size > 64 * 1024
+    return skill_md
+
+
+@pytest.mark.parametrize("closed", [True, False])
+def test_a_front_matter_over_64_kib_is_too_large_not_unclosed(
+        tmp_path: Path, closed: bool) -> None:
+    # A properly closed one was reported as "not closed".
+    result = check_file(_long_front_matter(tmp_path, closed), "demo")
+    assert [e.key for e in result.errors] == ["front matter"]
+    assert result.errors[0].rule.startswith("too large:") and "64 KiB" in result.errors[0].rule
+
+
+def test_a_short_unclosed_front_matter_is_not_closed(tmp_path: Path) -> None:
+    skill_md = tmp_path / "demo" / "SKILL.md"
+    skill_md.parent.mkdir()
+    skill_md.write_text("---\nname: demo\ndescription: d\n")
+    assert [e.rule for e in check_file(skill_md, "demo").errors] == [
+        "not closed: no second '---' line"]
+
+
+# -- YAML 1.2, as agents' loaders read it ----------------------------------------------------
+
+
+def test_a_key_given_twice_is_refused_naming_the_key() -> None:
+    # The last one used to win: the invalid first name was never looked at.
+    errors, _ = check("name: Not Valid\ndescription: d\nname: demo\n", directory="demo")
+    assert errors == ["name: appears twice (lines 2 and 4): "
+                      "each key of a YAML mapping must be unique"]
+    errors, _ = check(VALID + "metadata:\n  author: a\n  author: b\n")
+    assert errors == ["author: appears twice (lines 5 and 6): "
+                      "each key of a YAML mapping must be unique"]
+
+
+def test_a_date_or_a_yes_no_word_is_a_plain_string() -> None:
+    # YAML 1.1 read the first as an impossible date (an error), the second as a boolean.
+    assert check("name: demo\ndescription: 2024-02-30\n") == ([], [])
+    assert check("name: no\ndescription: d\n", directory="no") == ([], [])
+    assert check("name: demo\ndescription: yes\ncompatibility: on\n") == ([], [])
+
+
+# A scalar as YAML 1.1 (PyYAML's default) and YAML 1.2's core schema read it; the table holds
+# 1.2's reading (a str is a plain string). Read as a metadata key, whose findings show it.
+YAML_12 = [("yes", "yes"), ("no", "no"), ("on", "on"), ("off", "off"), ("y", "y"), ("n", "n"),
+           ("Yes", "Yes"), ("NO", "NO"), ("true", True), ("False", False), ("0777", 777),
+           ("0o17", 15), ("0x1F", 31), ("1_000", "1_000"), ("1:20", "1:20"),
+           ("2024-01-01", "2024-01-01"), ("2024-01-01 10:00:00", "2024-01-01 10:00:00"),
+           (".5", 0.5), ("1e3", 1000.0), ("-1.5E-2", -0.015), (".inf", math.inf),
+           ("+12", 12), ("~", None), ("Null", None), ("=", "="), ("<<", "<<")]
+
+
+@pytest.mark.parametrize(("scalar", "value"), YAML_12, ids=[s for s, _ in YAML_12])
+def test_scalars_are_read_as_yaml_1_2_s_core_schema(scalar: str, value: object) -> None:
+    errors, _ = check(f"{VALID}metadata:\n  {scalar}: x\n")
+    if isinstance(value, str):
+        assert errors == []
+    else:
+        assert errors == [f"metadata: keys must be strings, not {_kind(value)} ({value!r})"]
+
+
+def _kind(value: object) -> str:
+    return ("empty" if value is None else "a boolean" if isinstance(value, bool)
+            else "a number")
+
+
+@pytest.mark.parametrize("tagged", ["!!timestamp x", "!!bool x", "!!bool yes", "!!int 1_0",
+                                    "!!int 0b1", "!!float 1_0.5", "!!float x"])
+def test_an_explicit_tag_on_a_value_it_cannot_hold_is_an_error_not_a_crash(
+        tagged: str) -> None:
+    # !!timestamp x and !!bool x used to escape as an AttributeError and a KeyError.
+    errors, _ = check(f"name: demo\ndescription: {tagged}\n")
+    assert len(errors) == 1 and errors[0].startswith("front matter: not valid YAML"), errors
 
 
 def test_a_yaml_error_names_the_line_of_the_file() -> None:
