@@ -4,14 +4,18 @@ same process (pid, arguments, exit code), and the earlier runtime when a rebuild
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from bootstrap import warm
 from bootstrap.arguments import UsageError, parse_args
+from testing.seams import Seam, seam_argv, seam_env
 from testing.world import World
 
 # The interpreter reports who it is, then exits with a code of its own.
@@ -98,6 +102,20 @@ def test_a_failed_rebuild_starts_the_earlier_runtime_with_a_warning(world: World
     assert world.status()["runtime"] == "failed"
 
 
+def test_an_io_error_in_a_rebuild_starts_the_earlier_runtime(world: World) -> None:
+    # The flip's rename fails (EIO): an OSError, not our error, used to end `run` with exit 1.
+    world.ensure()
+    earlier = str(world.venv.resolve())
+    world.write_config(requirements=["requests>=2", "idna>=3"])
+    done = subprocess.run(seam_argv(["run", "--config", str(world.config), "--", "-c", _REPORT]),
+                          env=seam_env(world.env, Seam("rename", "EIO", match=".venv.link-")),
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 7, done.stderr
+    assert json.loads(done.stdout)["prefix"] == earlier == str(world.venv.resolve())
+    assert "starting the earlier runtime" in done.stderr
+    assert "Input/output error" in done.stderr and "Traceback" not in done.stderr
+
+
 def test_with_no_usable_venv_a_failed_ensure_exits_1_without_starting(world: World,
                                                                       tmp_path: Path) -> None:
     started = tmp_path / "started"
@@ -107,6 +125,78 @@ def test_with_no_usable_venv_a_failed_ensure_exits_1_without_starting(world: Wor
     assert any(line.startswith("error: ") for line in err.splitlines())
     assert "requests" in err
     assert not started.exists()
+
+
+@pytest.fixture(params=["holding the venv", "at the venv"])
+def read_only_venv(request: pytest.FixtureRequest, world: World) -> Iterator[World]:
+    """A ready venv on a read-only volume (we run as root, so chmod would not do): the
+    directory holding it and its lock, or the venv itself, a plain directory (an earlier
+    release's, or a volume's), bound onto itself and remounted read-only."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("a read-only mount needs root and mount(8)")
+    world.write_config(requirements=["requests>=2"], venv="volume/venv")
+    world.venv = world.root / "volume" / "venv"
+    if request.param == "at the venv":
+        world.venv.mkdir(parents=True)
+        world.ensure(env={"KERNEL_BOOTSTRAP_NO_GENERATIONS": "1"})
+        volume = str(world.venv)
+    else:
+        world.ensure()
+        volume = str(world.venv.parent)
+    done = subprocess.run(["mount", "--bind", volume, volume], capture_output=True, text=True,
+                          check=False)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount here: {done.stderr.strip()}")
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", volume], check=True)
+        yield world
+    finally:
+        subprocess.run(["umount", "-l", volume], check=True)
+
+
+def test_a_read_only_venv_with_a_changed_config_starts_the_earlier_runtime(
+        read_only_venv: World) -> None:
+    world = read_only_venv
+    earlier = str(world.venv.resolve())
+    world.write_config(requirements=["requests>=2", "idna>=3"], venv="volume/venv")
+    proc, out, err = start_run(world, "-c", _REPORT)
+    assert proc.returncode == 7, err
+    report = json.loads(out)
+    assert report["pid"] == proc.pid and report["prefix"] == earlier
+    assert "starting the earlier runtime" in err and "Traceback" not in err
+
+
+def test_a_read_only_volume_holding_the_venv_says_so_naming_the_lock(world: World,
+                                                                   tmp_path: Path) -> None:
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("a read-only mount needs root and mount(8)")
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    world.write_config(requirements=["requests>=2"], venv="volume/venv")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro", "kb-test", str(volume)],
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount here: {done.stderr.strip()}")
+    try:
+        result = world.ensure(ok=False)
+    finally:
+        subprocess.run(["umount", "-l", str(volume)], check=True)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    [line] = [x for x in result.stderr.splitlines() if x.startswith("error: ")]
+    # What is wrong and what to do: "[Errno 30] Read-only file system: '…/venv.lock'" said
+    # neither what the file was for nor where writing is needed.
+    assert "the bootstrap lock" in line and f"{volume}/venv.lock" in line
+    assert "read-only" in line.lower() and f"write access to {volume}" in line
+
+
+def test_a_read_only_venv_with_an_unchanged_config_starts_warm(read_only_venv: World) -> None:
+    world = read_only_venv
+    world.clear_log()
+    for _ in range(2):  # the first start after the mount, and the next
+        proc, out, err = start_run(world, "-c", _REPORT)
+        assert proc.returncode == 7, err
+        assert json.loads(out)["prefix"] == str(world.venv.resolve())
+        assert err == "" and world.uv_calls() == []
 
 
 def test_python_arguments_need_the_separator(world: World) -> None:

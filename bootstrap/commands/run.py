@@ -25,7 +25,7 @@ def run(config_path: Path | None, *, strict: bool, python_args: Sequence[str]) -
     config = load_config(config_path)
     try:
         result = ensure(config)
-    except BootstrapError as e:
+    except (BootstrapError, OSError) as e:  # OSError: the environment's, as the CLI says
         earlier = usable_earlier(config)
         if earlier is None:
             raise

@@ -49,7 +49,7 @@ from bootstrap.primitives.fs import (
     remove_tree,
 )
 
-GEN: Final = "gen"
+GEN: Final = pin.GEN
 _NOLOCK: Final = {errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES}
 
 
@@ -295,7 +295,7 @@ def convert(live: Path) -> Path | None:
     the generation and the directory lands at exactly that name. A kill before the exchange
     leaves only the dangling link, which :func:`remove_unused` reaps.
     """
-    if not supported() or not is_real_dir(live) or not Venv.at(live).marker.is_file():
+    if not wants_conversion(live):
         return None
     prepare(live)  # processes started from here on pin themselves; earlier ones cannot
     _reap_links(live)  # a conversion killed before its exchange
@@ -318,9 +318,12 @@ def convert(live: Path) -> Path | None:
 
 
 def wants_conversion(live: Path) -> bool:
-    """A plain-directory venv of ours that :func:`convert` would turn into a generation (one
-    lstat and one stat: the ready gate asks it)."""
-    return supported() and is_real_dir(live) and Venv.at(live).marker.is_file()
+    """A plain-directory venv of ours that :func:`convert` would turn into a generation (an
+    lstat, a stat and an access: the ready gate asks it). Not one we cannot write, a read-only
+    volume mounted there: the conversion writes the pin into it, and every start used to fail
+    trying."""
+    return (supported() and is_real_dir(live) and Venv.at(live).marker.is_file()
+            and os.access(live, os.W_OK))
 
 
 # --- adoption ------------------------------------------------------------------------------------

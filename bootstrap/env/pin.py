@@ -8,8 +8,10 @@ site-packages (digits before ``_`` and letters), so it runs before any other ``.
 paths. It:
 
 - re-points ``sys.prefix``, ``sys.exec_prefix``, ``sys.executable`` and the ``sys.path``
-  entries under the symlinked prefix to the generation's real path (what ``os.path.realpath``
-  would give for the part that matters, in one ``readlink``: ``<venv>`` is our link).
+  entries under the symlinked prefix to the generation's real path: one ``readlink`` where the
+  process started through ``<venv>``, our link to a generation beside it; ``os.path.realpath``
+  (~0.1 ms, an ``lstat`` per component) only where it started through an alias of ``<venv>``
+  (``/opt/kernel -> <venv>``), whose first link names ``<venv>``, not the generation.
   ``sys.executable`` too, so that a child started as ``sys.executable`` (multiprocessing's
   spawn and forkserver, ``-m pip``) runs in its parent's generation; a child started
   through ``<venv>/bin/python`` itself gets the current generation, as any new start does;
@@ -18,7 +20,10 @@ paths. It:
   locks of different processes on different bytes never conflict, ``os.lockf`` needs no
   import (``fcntl`` is an extension module to load, ~0.3 ms, a quarter of the pin's cost), and
   removal's non-blocking read lock over the whole file conflicts with every one of them. A
-  fork does not inherit a record lock, so the pin has each forked child take its own byte.
+  fork does not inherit a record lock, so the pin has each forked child take its own byte,
+  through its descriptor only while that is still the pin's file (the device and inode it
+  locked): code that closed it (``os.closerange``, daemonising) may have opened a file of its
+  own at that number, whose offset and locks are not ours to touch.
   Where the file is not ours to write (a generation another user built, a read-only disk) it
   takes a shared ``flock`` instead, which removal tests too. The kernel drops either lock when
   the process ends, also after a SIGKILL, so nothing depends on a process cleaning up after
@@ -41,6 +46,7 @@ the interpreter as it was: a pin must never stop a kernel from starting.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Final
 
@@ -63,6 +69,15 @@ import os, sys
 def _hold(fd):
     os.lseek(fd, os.getpid(), 0)
     os.lockf(fd, os.F_LOCK, 1)
+
+
+def _rehold(fd, ours):
+    try:  # only while fd is still our file: code that closed it may have put its own there
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) == ours:
+            _hold(fd)
+    except OSError:
+        pass
 
 
 def _fcntl():
@@ -99,24 +114,37 @@ def _lock(path):
     return fd, True
 
 
+def _real(link):
+    try:
+        target = os.readlink(link)
+    except OSError:
+        return link  # started through a generation's own path (or a plain venv)
+    if "/" not in target and target.startswith("." + os.path.basename(link) + %(gen)r):
+        # <venv>, our link to a generation beside it: one readlink, not realpath's lstat
+        # per component
+        return os.path.join(os.path.dirname(link), target)
+    # An alias (/opt/kernel -> <venv>): one readlink gave <venv>, whose next target a rebuild
+    # changes under the running process. The whole chain, however it is spelled.
+    return os.path.realpath(link)
+
+
 def _pin():
     link = sys.prefix
     for _ in range(3):
-        try:  # one readlink, not realpath's lstat per component: only <venv> is our link
-            real = os.path.join(os.path.dirname(link), os.readlink(link))
-        except OSError:
-            real = link  # started through a generation's own path (or a plain venv)
+        real = _real(link)
         try:
             fd, record = _lock(real + %(in_use)r)
         except OSError:
             continue
-        if os.fstat(fd).st_nlink:
+        st = os.fstat(fd)
+        if st.st_nlink:
             break
         os.close(fd)
     else:
         return None
     if record:
-        os.register_at_fork(after_in_child=lambda: _hold(fd))
+        ours = st.st_dev, st.st_ino
+        os.register_at_fork(after_in_child=lambda: _rehold(fd, ours))
     if real == link:
         return None
     n, under = len(link), link + os.sep
@@ -159,8 +187,13 @@ else:
 """
 
 
+# The word in a generation's name (``.<venv>.gen-*``): generations.py names them with it, and
+# the pin tells a generation from an alias of ``<venv>`` by it.
+GEN: Final = "gen"
+
+
 def module_source() -> bytes:
-    return (_SOURCE % {"in_use": os.sep + IN_USE}).encode()
+    return (_SOURCE % {"in_use": os.sep + IN_USE, "gen": f".{GEN}-"}).encode()
 
 
 # The one line of the .pth (site executes a line only if it starts with "import", and whole;
@@ -198,9 +231,28 @@ def install(generation: Path, site_packages: list[Path], python: Path) -> None:
             module = directory / f"{MODULE}.py"
             write_atomic(module, module_source())
             source = module.relative_to(generation).as_posix()
-            # Without bytecode the pin still works, compiled at every start (~0.5 ms).
-            done = process.run(python, "-c", _COMPILE, module, check=False, timeout=60)
-            pyc = Path(done.stdout.strip())
+            pyc = _compiled(python, module)
             relative = pyc.relative_to(generation).as_posix() \
-                if done.returncode == 0 and pyc.is_relative_to(generation) else source
+                if pyc is not None and pyc.is_relative_to(generation) else source
             write_atomic(directory / PIN_NAME, pth_line(source, relative))
+
+
+def _compiled(python: Path, module: Path) -> Path | None:
+    """The module's bytecode, as ``python`` would write and read it; None if none was written
+    (the pin still works without it, compiled at every start, ~0.5 ms)."""
+    tag = sys.implementation.cache_tag
+    if tag and os.path.realpath(python) == os.path.realpath(sys.executable):
+        # The very binary running us (the common case): same magic number and cache tag, so
+        # it is compiled here, not in a child that cost a locked rebuild an interpreter start
+        # (~40 ms). Named in the module's own __pycache__: a PYTHONPYCACHEPREFIX of ours
+        # would put it outside the generation.
+        import py_compile
+
+        pyc = module.parent / "__pycache__" / f"{module.stem}.{tag}.pyc"
+        try:
+            py_compile.compile(str(module), cfile=str(pyc), doraise=True, optimize=0)
+        except (OSError, py_compile.PyCompileError):
+            return None
+        return pyc
+    done = process.run(python, "-c", _COMPILE, module, check=False, timeout=60)
+    return Path(done.stdout.strip()) if done.returncode == 0 else None

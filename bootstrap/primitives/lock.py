@@ -102,10 +102,18 @@ def hold(lock_file: Path, timeout: float, purpose: str = "bootstrap", *,
     ``{stop}`` are filled in): the defaults are those of the venv's bootstrap lock.
     """
     from bootstrap.primitives import process
-    _make_parent(lock_file.parent)
-    _refuse_planted(lock_file)
-    lock = _file_lock(lock_file)
-    _acquire(lock, lock_file, timeout, name, advice)
+    try:
+        _make_parent(lock_file.parent)
+        _refuse_planted(lock_file)
+        lock = _file_lock(lock_file)
+        _acquire(lock, lock_file, timeout, name, advice)
+    except OSError as e:
+        # A read-only volume (readOnlyRootFilesystem) raised a bare "[Errno 30]" through
+        # `run`, which starts the earlier runtime only on our own error: the kernel never
+        # started.
+        raise BootstrapError(f"cannot take {name} ({lock_file}): {e.strerror or e}; nothing "
+                             f"was changed. Taking it needs write access to "
+                             f"{lock_file.parent}.") from e
     try:
         _write_holder(lock_file, purpose)
         fd = _descriptor(lock, lock_file)

@@ -200,6 +200,60 @@ def test_a_running_kernel_keeps_its_generation_until_it_exits(
     assert world.status()["generation"] == {"current": str(new), "others": []}
 
 
+# Started before a rebuild; after it, says where a runtime module comes from and whether
+# the new generation's six is visible.
+_ALIAS_KERNEL = ("import os, sys\n"
+                 "print(sys.prefix, flush=True)\n"
+                 "sys.stdin.readline()\n"  # wait for the rebuild
+                 "import requests\n"
+                 "print(os.path.realpath(requests.__file__), flush=True)\n"
+                 "try:\n"
+                 "    import six\n"
+                 "    print('six', flush=True)\n"
+                 "except ImportError:\n"
+                 "    print('no six', flush=True)\n"
+                 "sys.stdin.readline()\n")
+
+
+@pytest.mark.parametrize("spelled", ["absolute", "relative", "two links"])
+def test_a_kernel_started_through_an_alias_of_the_venv_keeps_its_generation(
+        world: World, tmp_path: Path, spelled: str) -> None:
+    # /opt/kernel -> <venv>, started as /opt/kernel/bin/python: one readlink gave <venv>, and
+    # after a rebuild the process imported the new generation's files holding the old lock.
+    old = current(world)
+    opt = tmp_path / "opt"
+    opt.mkdir()
+    alias = opt / "kernel"
+    if spelled == "absolute":
+        alias.symlink_to(world.venv)
+    elif spelled == "relative":
+        alias.symlink_to(Path("..") / world.root.name / world.venv.name)
+    else:
+        (opt / "inner").symlink_to(world.venv)
+        alias.symlink_to("inner")
+    proc = subprocess.Popen([str(alias / "bin" / "python"), "-c", _ALIAS_KERNEL],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        prefix = Path(proc.stdout.readline().strip())  # the generation, through no link
+        assert not prefix.is_symlink() and prefix.resolve() == old.resolve()
+        world.write_config(requirements=NEW_RUNTIME)
+        world.ensure()
+        assert current(world) != old and world.imports("six")
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip().startswith(f"{old.resolve()}/")
+        assert proc.stdout.readline().strip() == "no six"
+        gc = json.loads(world.run("gc", "--json").stdout)
+        assert gc["generations"] == {"removed": [], "in_use": [str(old)]}
+        assert old.is_dir()
+    finally:
+        proc.kill()
+        proc.wait()
+    gc = json.loads(world.run("gc", "--json").stdout)
+    assert gc["generations"]["removed"] == [str(old)]
+
+
 def test_a_sigkilled_kernel_leaves_no_reference_behind(
         world: World, kernel: subprocess.Popen[str]) -> None:
     old = current(world)
@@ -232,6 +286,41 @@ def test_a_forked_child_holds_the_generation_with_its_parent(world: World) -> No
     finally:
         os.kill(child, signal.SIGKILL)
     wait_for(lambda: world.status()["generation"]["others"][0]["in_use"] is False)
+
+
+# Daemonising code: every descriptor closed, its own log opened in their place.
+_REUSE = """\
+import os, sys
+def target(n):
+    try:
+        return os.readlink(f"/proc/self/fd/{n}")
+    except OSError:
+        return ""
+[pin] = [n for n in range(3, 1024) if target(n).endswith("/.in-use")]
+log = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+os.dup2(log, pin)  # the pin's descriptor is closed, the log now has its number
+os.close(log)
+os.write(pin, b"12345678")
+for _ in range(5):
+    child = os.fork()
+    if child == 0:
+        os._exit(0)
+    os.waitpid(child, 0)
+print(os.lseek(pin, 0, os.SEEK_CUR), flush=True)
+os.write(pin, b"abcdefgh")
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="finds the pin's fd in /proc")
+def test_a_fork_leaves_alone_a_file_opened_in_place_of_the_pins_descriptor(
+        world: World, tmp_path: Path) -> None:
+    # The at-fork handler used to seek and lock its descriptor by number: the log's offset
+    # moved to each child's pid (a log grew to 26 kB for 8 bytes written).
+    log = tmp_path / "daemon.log"
+    done = subprocess.run([str(world.python), "-c", _REUSE, str(log)], capture_output=True,
+                          text=True, check=True, timeout=60)
+    assert done.stdout.strip() == "8"
+    assert log.read_bytes() == b"12345678abcdefgh"
 
 
 def test_children_through_sys_executable_share_it_and_through_the_link_get_the_current(
