@@ -18,6 +18,7 @@ Needs the cloud and test extras (obstore, zstandard, moto[server]) and the `zstd
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -188,15 +189,15 @@ def run(root: Path, endpoint: str, rounds: int, size: int, markdown: bool) -> in
         for label, key in (("download + tar -x, zstd", f"zstd/{name}"),
                            ("download + tar -x, plain", f"plain/{name}")):
             into = root / f"dl-{r}-{label.split()[-1]}"
-            note(label, *timed(lambda k=key, i=into: download_and_untar(env, k, i)))
+            note(label, *timed(functools.partial(download_and_untar, env, key, into)))
         target = root / f"tar-{r}"
         target.mkdir()
-        note("tar -x of the local archive", *timed(lambda t=target: subprocess.run(
-            ["tar", "-x", "-f", str(local), "-C", str(t)], check=True)))
+        note("tar -x of the local archive", *timed(functools.partial(
+            subprocess.run, ["tar", "-x", "-f", str(local), "-C", str(target)], check=True)))
         for label, archive in (("extraction alone, plain file", local),
                                ("extraction alone, zstd file", zst)):
             into = root / f"ex-{r}-{label.split()[-2]}"
-            note(label, *timed(lambda a=archive, i=into: extract_local(a, i)))
+            note(label, *timed(functools.partial(extract_local, archive, into)))
         print(f"round {r + 1}/{rounds}: " + ", ".join(f"{k} {v[-1]:.2f}s"
                                                       for k, v in walls.items()), file=sys.stderr)
     report(walls, cpus, moved, local.stat().st_size, zst.stat().st_size, size, rounds, markdown)

@@ -71,10 +71,11 @@ def kernel_start(name: str) -> Timing:
     """From jupyter_client's start_kernel to the kernel_info reply: wall seconds, and the CPU
     seconds of the kernel's process by then (through the exec, for the gate: a process keeps
     its CPU times across exec); then shut down."""
-    import jupyter_client
+    from jupyter_client.manager import KernelManager
+    from jupyter_client.provisioning.local_provisioner import LocalProvisioner
 
     began = time.perf_counter()
-    manager = jupyter_client.KernelManager(kernel_name=name)
+    manager = KernelManager(kernel_name=name)
     # ipykernel's banner warnings would bury the table; both kinds lose the same output.
     manager.start_kernel(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     client = manager.client()
@@ -82,7 +83,11 @@ def kernel_start(name: str) -> Timing:
     try:
         client.wait_for_ready(timeout=120)
         wall = time.perf_counter() - began
-        return Timing(wall, _cpu_seconds(manager.provisioner.process.pid))
+        # The local provisioner (what a kernelspec without one gets) holds the Popen.
+        provisioner = manager.provisioner
+        assert isinstance(provisioner, LocalProvisioner), provisioner
+        assert provisioner.process is not None
+        return Timing(wall, _cpu_seconds(provisioner.process.pid))
     finally:
         client.stop_channels()
         manager.shutdown_kernel(now=True)

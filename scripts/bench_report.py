@@ -109,7 +109,7 @@ def write_markdown(path: Path, sections: dict[str, str]) -> None:
         pattern = re.compile(
             rf"<!-- begin {re.escape(name)} -->.*?<!-- end {re.escape(name)} -->", re.S)
         if pattern.search(text):
-            text = pattern.sub(lambda _, b=block: b, text)  # type: ignore[misc]
+            text = pattern.sub(block.replace("\\", "\\\\"), text)  # the block, literally
         else:
             text = text.rstrip() + ("\n\n" if text else "") + block + "\n"
     path.write_text(text, encoding="utf-8")
@@ -129,7 +129,7 @@ def draw(curves: Curves, path: Path, saved: Path | None = None) -> str:
         import matplotlib  # type: ignore[import-not-found]  # optional: the `bench` extra
 
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt  # type: ignore[import-not-found]
+        import matplotlib.pyplot as plt  # type: ignore[import-not-found]  # as above
     except ImportError:
         if saved is None:
             fd, name = tempfile.mkstemp(prefix="kb-bench-curves-", suffix=".json")

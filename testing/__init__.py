@@ -5,8 +5,10 @@ of their call log), ``world`` (a throwaway config + skills + fake uv, and the CL
 ``seams`` (killing or failing one syscall of a run), ``processes`` (children: start, wait,
 kill, terminal, peak memory, sampling), ``counting`` (an exec prefix that counts calls and
 keeps the bytes each got on stdin), ``s3server`` (moto's S3 API server on 127.0.0.1 and
-the environment a child needs to reach it). It lives in the checkout only; the wheel ships
-``bootstrap`` alone.
+the environment a child needs to reach it), ``killmatrix`` (the kill matrix: worlds, points,
+checks, the run), ``reaper`` (killing what a test left running), ``homeguard`` (the person's
+state in the real home, out of the suite's reach), ``innerpytest`` (a pytest of its own, to
+test those two). It lives in the checkout only; the wheel ships ``bootstrap`` alone.
 """
 
 from __future__ import annotations

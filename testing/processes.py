@@ -1,5 +1,6 @@
-"""Child processes of a test: start, wait for a condition, kill the group, run with a terminal
-on stderr, measure peak memory, and sample a condition from a thread while they run."""
+"""Child processes of a test: start (with default signal dispositions), wait for a condition,
+kill the group, run with a terminal on stderr, measure peak memory, and sample a condition from a
+thread while they run."""
 
 from __future__ import annotations
 
@@ -25,10 +26,33 @@ def start(world: World, *args: str, env: dict[str, str] | None = None) -> subpro
     return spawn(world.command("ensure", *args), {**world.env, **(env or {})})
 
 
-def spawn(argv: Sequence[str], env: dict[str, str]) -> subprocess.Popen[str]:
-    """``argv`` as a child in a new session (its own process group), output piped."""
+def spawn(argv: Sequence[str], env: dict[str, str],
+          ignore: Sequence[signal.Signals] = ()) -> subprocess.Popen[str]:
+    """``argv`` as a child in a new session (its own process group), output piped, every signal
+    at its default disposition but those in ``ignore`` (see :func:`default_signals`)."""
     return subprocess.Popen(list(argv), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True,
+                            preexec_fn=lambda: default_signals(ignore))
+
+
+def default_signals(ignore: Sequence[signal.Signals] = ()) -> None:
+    """In a child between fork and exec: every signal unblocked and at its default disposition,
+    then ``ignore``'s ignored. The ``preexec_fn`` of every child a test sends a signal to.
+
+    An ignored signal stays ignored across exec: under ``nohup`` (SIGHUP) or as a
+    non-interactive shell's background job (SIGINT, SIGQUIT) the suite's children inherited
+    it, so the SIGHUP and ^C tests waited for an exit that never came. Reset here, in the
+    child, not in pytest itself: the launcher's choice stays with the suite (under nohup a
+    hang-up must not stop it) and holds for every child no test signals.
+    """
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    for signum in signal.valid_signals():
+        if signum in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        with contextlib.suppress(OSError, ValueError):  # those the C library keeps for itself
+            signal.signal(signum, signal.SIG_DFL)
+    for signum in ignore:
+        signal.signal(signum, signal.SIG_IGN)
 
 
 def wait_for(predicate: Callable[[], object], timeout: float = 30.0,

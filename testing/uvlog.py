@@ -102,7 +102,7 @@ def read_uv_log(log: Path) -> list[list[str]]:
 def read_uv_entries(log: Path) -> list[dict[str, Any]]:
     """Every call, oldest first: ``argv`` and ``pid``, and for ``pip install`` calls that got
     as far as reading their requirements, ``editables`` (directory names), ``requirements``
-    (names; the contents of -r files included) and, from the real-uv shim, ``wheels``."""
+    (names; the contents of -r files included) and ``wheels`` (prebuilt wheels it was given)."""
     try:
         text = log.read_text(encoding="utf-8")
     except FileNotFoundError:

@@ -107,7 +107,9 @@ class World:
         return self.venv / "bin" / "python"
 
     def imports(self, module: str) -> bool:
+        # A bare environment (no PYTHONPATH leaks in) but for HOME: without it the account's
+        # own home would be the child's (tests/conftest.py's home guard refuses that).
+        env = {"PATH": os.environ["PATH"], "HOME": os.environ["HOME"]}
         result = subprocess.run([str(self.python), "-c", f"import {module}"],
-                                capture_output=True, env={"PATH": os.environ["PATH"]},
-                                check=False)
+                                capture_output=True, env=env, check=False)
         return result.returncode == 0

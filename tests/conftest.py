@@ -8,18 +8,14 @@ from pathlib import Path
 
 import pytest
 
+from testing import reaper
+from testing.homeguard import HomeGuard
+
 # Read before any fixture rewrites the environment: this is what we must never touch.
 REAL_HOME = Path(os.path.expanduser("~")).resolve()
+HOME_GUARD = HomeGuard(REAL_HOME, dict(os.environ))
 _GUARDED = ("HOME", "XDG_DATA_HOME", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_STATE_HOME",
             "UV_CACHE_DIR")
-
-
-def _real_state_dirs() -> list[Path]:
-    return [
-        REAL_HOME / ".local" / "share" / "kernel-bootstrap",
-        REAL_HOME / ".cache" / "kernel-bootstrap",
-        REAL_HOME / ".config" / "kernel-bootstrap",
-    ]
 
 
 @pytest.fixture(scope="session")
@@ -32,8 +28,9 @@ def uv_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def isolated_home(
     tmp_path_factory: pytest.TempPathFactory, uv_cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Path]:
-    """Point HOME, the XDG dirs and uv's cache at temporary paths, and fail loudly otherwise."""
-    before = {p: p.exists() for p in _real_state_dirs()}
+    """Point HOME, the XDG dirs and uv's cache at temporary paths, and fail loudly if the test
+    wrote the person's state in the real home or started a child that would (testing.homeguard:
+    what others write there meanwhile, the person included, is not the test's doing)."""
     home = tmp_path_factory.mktemp("home")
     monkeypatch.setenv("HOME", str(home))
     for var, sub in (("XDG_DATA_HOME", ".local/share"), ("XDG_CACHE_HOME", ".cache"),
@@ -48,14 +45,26 @@ def isolated_home(
                 "KERNEL_BOOTSTRAP_UV", "KERNEL_BOOTSTRAP_SNAPSHOTS", "VIRTUAL_ENV",
                 "KERNEL_BOOTSTRAP_OFFLINE", "UV_OFFLINE"):
         monkeypatch.delenv(var, raising=False)
-    yield home
+    with HOME_GUARD.watching() as offences:
+        yield home
     for var in _GUARDED:
         value = os.environ.get(var, "")
         if value and Path(value).resolve() == REAL_HOME:
             pytest.fail(f"{var} points at the real home directory {REAL_HOME}")
-    for path, existed in before.items():
-        if path.exists() and not existed:
-            pytest.fail(f"a test created {path} in the real home directory")
+    offences += HOME_GUARD.environment_offences(os.environ, "the test's environment")
+    if offences:
+        pytest.fail("the test touched the person's state in the real home directory:\n  "
+                    + "\n  ".join(dict.fromkeys(offences)))
+
+
+@pytest.fixture(autouse=True)
+def no_process_left(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every process the test started and left running is killed when it ends, passed or
+    failed: a failed signal test used to leave ``ensure`` and its uv running for good."""
+    tag = reaper.new_tag()
+    monkeypatch.setenv(reaper.TAG, tag)
+    yield
+    reaper.kill_tagged(tag)
 
 
 @pytest.fixture(autouse=True)

@@ -184,7 +184,8 @@ def test_a_marker_replace_denied_n_times_is_retried_then_gives_up_cleanly(
     assert marker_temps(synced.venv) == []
     if denials < WRITE_ATTEMPTS:
         assert result.installed == ("beta",)
-        assert "beta" in read_marker(synced.venv).data["skills"]  # type: ignore[index]
+        data = read_marker(synced.venv).data
+        assert data is not None and "beta" in data["skills"]
     else:
         assert (synced.venv / MARKER).read_bytes() == run.faults[0]["previous"]
         assert before != run.faults[0]["previous"]  # the attempt record had landed first

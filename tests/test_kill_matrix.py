@@ -1,5 +1,5 @@
 """The kill matrix: SIGKILL ``ensure`` at every step boundary, then check from outside that the
-next run finishes with nothing redone (the points and the checks: testing/killmatrix.py)."""
+next run finishes with nothing redone (the points and the checks: testing/killmatrix/)."""
 
 from __future__ import annotations
 

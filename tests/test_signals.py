@@ -17,7 +17,7 @@ import pytest
 
 from bootstrap.env import generations
 from bootstrap.primitives.lock import holder_path, inspect, lock_path
-from testing.processes import alive, session_members, start, wait_for
+from testing.processes import alive, session_members, spawn, start, wait_for
 from testing.uvlog import read_uv_entries
 from testing.world import World
 
@@ -109,11 +109,8 @@ def test_sigterm_during_a_rebuild_removes_the_staging_venv_and_keeps_the_old_one
 
 def test_a_hangup_ignored_when_we_started_stays_ignored(world: World) -> None:
     world.skill("slow")
-    argv = world.command("ensure")
-    proc = subprocess.Popen(argv, env={**world.env, "FAKE_UV_HANG": "slow"}, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    proc = spawn(world.command("ensure"), {**world.env, "FAKE_UV_HANG": "slow"},
+                 ignore=(signal.SIGHUP,))
     wait_for(lambda: installing(world, "slow"), proc=proc)
     os.kill(proc.pid, signal.SIGHUP)  # as under nohup: carry on
     time.sleep(0.5)

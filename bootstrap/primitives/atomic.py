@@ -11,7 +11,7 @@ import errno
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO, Final
 
@@ -116,10 +116,10 @@ def _unlink_quietly(path: Path) -> None:
         path.unlink()
 
 
-_renameat2: object = None
+_renameat2: Callable[..., int] | None = None
 
 
-def _load_renameat2() -> object:
+def _load_renameat2() -> Callable[..., int]:
     # ctypes (~2 ms to import) only when a swap needs it; the interpreter's own symbols include
     # libc's, where ctypes.util.find_library("c") would run `ldconfig -p` in a child.
     import ctypes
@@ -151,12 +151,12 @@ def exchange(a: Path, b: Path) -> bool:
     src, dst = os.fsencode(a), os.fsencode(b)
     libc_fn = getattr(fn, "argtypes", None) is not None
     if libc_fn:
-        rc = fn(_AT_FDCWD, src, _AT_FDCWD, dst, _RENAME_EXCHANGE)  # type: ignore[operator]
+        rc = fn(_AT_FDCWD, src, _AT_FDCWD, dst, _RENAME_EXCHANGE)
     else:
         nr = _SYS_RENAMEAT2.get(os.uname().machine)
         if nr is None:
             return False
-        rc = fn(nr, _AT_FDCWD, src, _AT_FDCWD, dst, _RENAME_EXCHANGE)  # type: ignore[operator]
+        rc = fn(nr, _AT_FDCWD, src, _AT_FDCWD, dst, _RENAME_EXCHANGE)
     if rc == 0:
         return True
     import ctypes

@@ -3,14 +3,16 @@ after a kill between its renames, and after recovery from a journal that someone
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
 import stat
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypedDict, Unpack
 
 import pytest
 
@@ -35,14 +37,24 @@ def tree(path: Path, tag: str) -> Path:
     return path
 
 
-def site(top: Path, **kw: object) -> swap.Site:
+class SiteOptions(TypedDict, total=False):
+    """What a test may change of :func:`site` (swap.Site's optional fields)."""
+
+    retire: Callable[[Path], object]
+    complete: Callable[[Path], bool]
+    prefix: str
+    finish_on_interrupt: bool
+    unlocked: bool
+
+
+def site(top: Path, **kw: Unpack[SiteOptions]) -> swap.Site:
     """Live trees in top/live, staging in top/staging, outgoing trees in top/aside."""
     for d in ("live", "staging", "aside"):
         (top / d).mkdir(exist_ok=True)
-    return swap.Site(live_dir=top / "live", staging_dir=top / "staging", aside_dir=top / "aside",
+    base = swap.Site(live_dir=top / "live", staging_dir=top / "staging", aside_dir=top / "aside",
                      noun="the new tree", journal=lambda live: top / f"{live.name}.journal",
-                     aside=lambda live: temp_name(top / "aside" / live.name, "old"),
-                     **kw)  # type: ignore[arg-type]
+                     aside=lambda live: temp_name(top / "aside" / live.name, "old"))
+    return dataclasses.replace(base, **kw)
 
 
 def victim_state(victim: Path) -> dict[str, tuple[int, bytes]]:

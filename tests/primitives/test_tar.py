@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import os
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -85,11 +86,11 @@ def test_an_admit_that_refuses_stops_before_the_member_is_released(tmp_path: Pat
     (lambda h: h[:148] + b"0000000\0" + h[156:], "checksum mismatch"),
     (lambda h: h[:124] + b"zzzzzzzzzzz\0" + h[136:], "not a number"),
 ])
-def test_a_damaged_header_is_refused(damage: object, message: str) -> None:
+def test_a_damaged_header_is_refused(damage: Callable[[bytes], bytes], message: str) -> None:
     info = tarfile.TarInfo("top/f")
     info.size = 1
     member = bytearray(_gnu(info, b"x"))
-    member[:BLOCK] = damage(bytes(member[:BLOCK]))  # type: ignore[operator]
+    member[:BLOCK] = damage(bytes(member[:BLOCK]))
     with pytest.raises(BadArchive, match=message):
         _read(_first() + bytes(member) + bytes(2 * BLOCK))
 

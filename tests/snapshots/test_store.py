@@ -151,11 +151,16 @@ def spoil(archive: Path, damage: str, root: Path) -> None:
     archive.write_bytes(bytes(data))
 
 
+def _content(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes | None:
+    """A regular file's bytes; None for any other kind of member."""
+    f = tar.extractfile(member) if member.isfile() else None
+    return None if f is None else f.read()
+
+
 def rewrite(archive: Path, damage: str, root: Path) -> None:
     """The archive rewritten by tarfile (GNU format unless "pax"), with ``damage`` added."""
     with tarfile.open(archive) as tar:
-        members = [(m, tar.extractfile(m).read() if m.isfile() else None)  # type: ignore[union-attr]
-                   for m in tar.getmembers()]
+        members = [(m, _content(tar, m)) for m in tar.getmembers()]
     fmt = tarfile.PAX_FORMAT if damage == "pax" else tarfile.GNU_FORMAT
     with tarfile.open(archive, "w", format=fmt) as tar:
         for info, content in members + extra_members(damage, root):

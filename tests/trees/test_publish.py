@@ -385,7 +385,7 @@ def test_an_interrupt_between_the_renames_puts_a_tree_back_at_once(
     publish([v1], root)
 
     real = os.rename
-    interrupts = []
+    interrupts: list[str] = []
 
     def rename(src: str, dst: str) -> None:
         # ^C just as the staged tree would move in (the old one is aside already), once.
