@@ -12,6 +12,7 @@ import argparse
 import contextlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NoReturn
 
 DESCRIPTION = ("Keep a Jupyter kernel's venv and its agent skills ready: build it once, then "
                "start in milliseconds.")
@@ -34,6 +35,8 @@ environment:
   KERNEL_BOOTSTRAP_BATCH_BUILDS=0      let uv build every skill itself (no batching, no cache)
   KERNEL_BOOTSTRAP_SNAPSHOT_TIMEOUT    seconds a bucket may take to answer (default: 5)
   KERNEL_BOOTSTRAP_OFFLINE=1           never contact a package index (as UV_OFFLINE=1 does)
+  KERNEL_BOOTSTRAP_NO_GENERATIONS=1    keep the venv a plain directory, swapped at each rebuild
+  KERNEL_BOOTSTRAP_LOG_FORMAT=json     JSON log lines when --log-format is not given
   NO_COLOR                   no colour on a terminal"""
 # Global options may come before or after the subcommand (as uv's do). Each parser level keeps
 # its own copy under its own name; _merge_globals adds the counts and lets the last value win.
@@ -48,7 +51,7 @@ class UsageError(Exception):
 
 def _parser_class() -> type[argparse.ArgumentParser]:
     class _Parser(argparse.ArgumentParser):
-        def error(self, message: str) -> None:  # type: ignore[override]
+        def error(self, message: str) -> NoReturn:
             # argparse exits 2 on its own; we keep the code but route the message through our
             # handler so it reads like every other usage error.
             raise UsageError(f"{self.prog}: {message}")
@@ -74,7 +77,8 @@ def _globals(p: argparse.ArgumentParser, depth: int) -> None:
                       default=default(0), help="say less: -q warnings only, -qq errors only")
     opts.add_argument("--log-format", dest=prefix + "log_format", choices=("console", "json"),
                       default=default(None),
-                      help="console or json (default: console on a terminal, json otherwise)")
+                      help="console or json (default: $KERNEL_BOOTSTRAP_LOG_FORMAT, else "
+                           "console; colour and progress only on a terminal)")
 
 
 def _positive(text: str) -> float:

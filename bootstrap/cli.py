@@ -59,7 +59,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{head}\n\n{log.error_line(last)}" if sep else log.error_line(text),
               file=sys.stderr)
         return 2  # EXIT_USAGE, spelled out to keep bootstrap.errors off the warm path
-    log.configure(verbosity=args.verbose - args.quiet, fmt=args.log_format)
+    try:
+        fmt = args.log_format or log.format_from_env()
+    except ValueError as e:
+        print(log.error_line(str(e)), file=sys.stderr)
+        return 2
+    log.configure(verbosity=args.verbose - args.quiet, fmt=fmt)
     from bootstrap.errors import EXIT_FAILED, BootstrapError
     from bootstrap.primitives.signals import Terminated, handle_termination
 

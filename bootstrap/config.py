@@ -24,6 +24,7 @@ from bootstrap.config_file import (
     table_of,
 )
 from bootstrap.errors import ConfigError, SkillError
+from bootstrap.places import default_venv, legacy_default
 from bootstrap.trees.discovery import glob_dirs
 from bootstrap.trees.skillmd import Checked, check_layout, checked
 
@@ -79,6 +80,9 @@ class Config:
     watch: tuple[Path, ...] = ()
     # Never contact a package index: every uv call gets --offline (see bootstrap.env.network).
     offline: bool = False
+    # Where ``venv`` came from: "config" (the key), "KERNEL_BOOTSTRAP_VENV", or "default"
+    # (this config's own, :func:`default_venv`); ``status`` says so.
+    venv_from: str = "config"
 
     @property
     def python_skills(self) -> tuple[Skill, ...]:
@@ -130,11 +134,7 @@ def config_from_dict(data: dict[str, Any], file: Path) -> Config:
             f"(known: {', '.join(sorted(_KEYS))})")
     base = file.parent
     reader = _Reader(file, data)
-    venv_env = os.environ.get("KERNEL_BOOTSTRAP_VENV")
-    venv = _resolve(base, venv_env) if venv_env else reader.path("venv", base)
-    if venv is not None:
-        _check_venv_path(venv, "KERNEL_BOOTSTRAP_VENV" if venv_env
-                         else f"{source_name(file)}: key 'venv'")
+    venv, venv_from = _venv(reader, base, file)
     constraints = reader.path("constraints", base)
     if constraints is not None and not _exists(constraints, file, "constraints", "file"):
         raise ConfigError(f"{source_name(file)}: key 'constraints': file not found: {constraints}")
@@ -146,7 +146,7 @@ def config_from_dict(data: dict[str, Any], file: Path) -> Config:
     skills, watch = discover_skills(reader.strings("skills"), base, file)
     return Config(
         path=file,
-        venv=venv if venv is not None else default_venv(),
+        venv=venv,
         python=reader.string("python") or default_python(),
         requirements=reader.strings("requirements"),
         constraints=constraints,
@@ -158,7 +158,29 @@ def config_from_dict(data: dict[str, Any], file: Path) -> Config:
         override_python=Path(override) if override else None,
         watch=watch,
         offline=offline_from_env() is not None or reader.boolean("offline"),
+        venv_from=venv_from,
     )
+
+
+def _venv(reader: _Reader, base: Path, file: Path) -> tuple[Path, str]:
+    """The venv path and where it came from (see :attr:`Config.venv_from`), checked."""
+    venv_env = os.environ.get("KERNEL_BOOTSTRAP_VENV")
+    if venv_env:
+        venv, origin = _resolve(base, venv_env), "KERNEL_BOOTSTRAP_VENV"
+        where = origin
+    elif (named := reader.path("venv", base)) is not None:
+        venv, origin, where = named, "config", f"{source_name(file)}: key 'venv'"
+    else:
+        venv, origin, where = default_venv(file), "default", "the default venv"
+        legacy = legacy_default(venv)
+        if legacy is not None:
+            from bootstrap.primitives import log
+
+            log.warning(f"configs without `venv` no longer share {legacy}; this one uses {venv}, "
+                        f"built at the next ensure (to keep the old one, set venv = \"{legacy}\" "
+                        f"in {source_name(file)})")
+    _check_venv_path(venv, where)
+    return venv, origin
 
 
 def offline_from_env() -> str | None:
@@ -272,12 +294,6 @@ def _check_venv_path(venv: Path, where: str) -> None:
     if len(raw) > _VENV_PATH_MAX:
         raise ConfigError(f"{where}: the venv's path is too long ({len(raw)} bytes; at most "
                           f"{_VENV_PATH_MAX}): {short(str(venv))}")
-
-
-def default_venv() -> Path:
-    import platformdirs
-
-    return Path(platformdirs.user_data_dir("kernel-bootstrap")) / "venv"
 
 
 def default_python() -> str:

@@ -19,6 +19,7 @@ from bootstrap.warm import (
     stamp,
     trusted_dir,
 )
+from bootstrap.warm_failures import escape
 
 
 def stamps(paths: list[str]) -> list[tuple[str, str]]:
@@ -51,41 +52,46 @@ def input_stamps(paths: list[str]) -> list[tuple[str, str]]:
     return out
 
 
-# A failure backing off: (skill name, failures in a row, retry time in ISO 8601, error).
+# A failure backing off (skill name, failures in a row, retry time in ISO 8601, error), and
+# an invalid skill (name, error).
 Failed = tuple[str, int, str, str]
+Invalid = tuple[str, str]
 
 
 def render(config_file: str, venv: str, python: str, stamped: list[tuple[str, str]],
            failed: tuple[Failed, ...] = (), until: float | None = None,
-           refused: str | None = None) -> str:
+           refused: str | None = None, invalid: tuple[Invalid, ...] = ()) -> str:
     """The fingerprint text; ``stamped`` were taken before the check that found us ready,
-    ``failed`` are the failures backing off then, and the fingerprint holds ``until`` the
-    first of them is due. ``refused``: the error of a rebuild backing off, which the warm path
-    then answers with (exit 1) instead of the interpreter."""
-    import json
+    ``failed`` are the failures backing off then (skill name, failures in a row, retry time in
+    ISO 8601, error), and the fingerprint holds ``until`` the first of them is due.
+    ``invalid``: the skills whose SKILL.md no agent can load (name, error); their files are
+    stamped, so the fingerprint holds while those are unchanged. ``refused``: the error of a
+    rebuild backing off, which the warm path then answers with (exit 1) instead of the
+    interpreter."""
 
     lines = [FORMAT, f"config\t{config_file}", f"venv\t{venv}", f"python\t{python}"]
     lines += [f"env\t{k}\t{os.environ.get(k, '')}" for k in ENV_KEYS]
     lines += [f"stat\t{p}\t{s}" for p, s in stamped]
     if until is not None:
         lines.append(f"until\t{until!r}")
-    # The error as a JSON string: one line, no tab, read back only by `ensure --json`.
-    lines += [f"failed\t{n}\t{count}\t{at}\t{json.dumps(e)}" for n, count, at, e in failed]
+    # Errors escaped: one line, no tab; the warm path prints them in its warnings.
+    lines += [f"failed\t{n}\t{count}\t{at}\t{escape(e)}" for n, count, at, e in failed]
+    lines += [f"invalid\t{n}\t{escape(e)}" for n, e in invalid]
     if refused is not None:
-        lines.append(f"refused\t{json.dumps(refused)}")
+        lines.append(f"refused\t{escape(refused)}")
     return "\n".join(lines) + "\n"
 
 
 def save(config_file: str, venv: str, python: str, stamped: list[tuple[str, str]],
          failed: tuple[Failed, ...] = (), until: float | None = None,
-         refused: str | None = None) -> None:
+         refused: str | None = None, invalid: tuple[Invalid, ...] = ()) -> None:
     """Write the fingerprint (slow path only); a failure just means no warm path next time."""
     path = fingerprint_path(config_file)
     if path is None or any("\t" in p or "\n" in p for p, _ in stamped):
         return
     from bootstrap.primitives.atomic import write_atomic
 
-    text = render(config_file, venv, python, stamped, failed, until, refused)
+    text = render(config_file, venv, python, stamped, failed, until, refused, invalid)
     # Every warm in-process ensure() lands here; rewriting identical bytes cost an fsync'd
     # replace (~1.3 ms, more than the rest of the call) and broke "the warm path writes nothing".
     if read_text(path) == text:

@@ -1,4 +1,5 @@
-"""Our own directories: the build cache, the warm fingerprints, a local snapshot store.
+"""Our own directories: the build cache, the warm fingerprints, a local snapshot store, and
+where a config that names no venv gets its own (:func:`default_venv`).
 
 kernel-bootstrap often runs as root beside trees an agent can write. A directory of ours that
 is really a symlink sends whatever we list, create or remove in it somewhere else: ``gc`` once
@@ -57,6 +58,42 @@ def make_dir(path: Path, *, owned: bool = True) -> Path:
     with contextlib.suppress(FileExistsError):  # something else is there: check_dir names it
         os.makedirs(path, _MODE, exist_ok=True)
     return check_dir(path, owned=owned)
+
+
+# The user data directory's venvs: one per config file that names no `venv`.
+DEFAULT_VENVS: Final = "venvs"
+# The one venv every such config shared before (issue 31: a second project's `ensure` rebuilt
+# the first one's); left as it was, and named until a config's own venv exists.
+LEGACY_DEFAULT: Final = "venv"
+
+
+def data_dir() -> Path:
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("kernel-bootstrap"))
+
+
+def default_venv(config_file: Path) -> Path:
+    """The venv of a config that names none: its own, ``venvs/<dir>-<hash>`` in the user data
+    directory, keyed by the config file's real path (a symlinked spelling is the same config).
+
+    Under the user data directory rather than beside the config: a project or /etc directory
+    may be read-only (a container's mounted code), and a venv inside a project is picked up by
+    its tools. The name starts with the config's directory so a person can tell them apart."""
+    import hashlib
+
+    real = os.path.realpath(config_file)
+    digest = hashlib.sha256(os.fsencode(real)).hexdigest()[:12]
+    name = "".join(c if c.isascii() and (c.isalnum() or c in "-_") else "_"
+                   for c in os.path.basename(os.path.dirname(real)))[:40]
+    return data_dir() / DEFAULT_VENVS / f"{name or 'config'}-{digest}"
+
+
+def legacy_default(venv: Path) -> Path | None:
+    """The shared default venv of earlier releases while it exists and the config's own
+    default ``venv`` does not yet: worth a warning saying how to keep using it."""
+    legacy = data_dir() / LEGACY_DEFAULT
+    return legacy if os.path.lexists(legacy) and not os.path.lexists(venv) else None
 
 
 def refusal(e: UntrustedPlace) -> str:

@@ -12,7 +12,8 @@ would answer "ready" again. Any difference, or any doubt, falls through to the f
 A skill whose failure is backing off (bootstrap.skills.backoff) does not make the start slow: the
 fingerprint then also records that failure and when it may be retried, holds only until then,
 and the warm path repeats the full path's answer (the warning naming the skill, the skill in
-``--json``'s ``failed``, exit 3 with ``--strict``).
+``--json``'s ``failed``, exit 3 with ``--strict``), as for a skill whose SKILL.md is invalid
+(held while that file is unchanged). Those records and words are ``bootstrap.warm_failures``.
 
 Nothing here writes on the warm path: the fingerprint is written only after a full check.
 """
@@ -25,16 +26,18 @@ import sys
 import time  # built in, and imported by every interpreter's start: free
 
 # 2: generations (a format-1 one may vouch for a plain venv the full check must convert).
-FORMAT = "kernel-bootstrap-warm 2"
-# Environment that changes what the full check would conclude.
+# 3: invalid skills; errors as warm_failures.escape writes them (the warm path prints them).
+FORMAT = "kernel-bootstrap-warm 3"
+# Environment that changes what the full check would conclude (offline: which failures back off).
 ENV_KEYS = ("KERNEL_BOOTSTRAP_VENV", "KERNEL_BOOTSTRAP_PYTHON", "KERNEL_BOOTSTRAP_SNAPSHOTS",
-            "KERNEL_BOOTSTRAP_NO_GENERATIONS")
+            "KERNEL_BOOTSTRAP_NO_GENERATIONS", "KERNEL_BOOTSTRAP_OFFLINE", "UV_OFFLINE")
 _MAX_NAME = 200
 # A fingerprint of a config with 1,000 skills is ~300 KiB; anything bigger is not ours.
 _MAX_FINGERPRINT = 4 * 1024 * 1024
 # Tests move time with this (seconds since the epoch); see now().
 CLOCK_ENV = "KERNEL_BOOTSTRAP_TEST_NOW"
-BACKED_OFF = "skill failed to install earlier; not retried before retry_at"
+# --log-format's value when the option is not given (primitives/log.py: FORMAT_ENV).
+LOG_FORMAT_ENV = "KERNEL_BOOTSTRAP_LOG_FORMAT"
 
 
 def now() -> float:
@@ -143,10 +146,15 @@ def check(config_file: str) -> tuple[str, str] | None:
     return None if found is None else (found[0], found[1])
 
 
-def holds(config_file: str) -> tuple[str, str, list[list[str]], str | None] | None:
-    """(venv, interpreter, the failures backing off as their ``failed`` fields, the refused
-    rebuild's error as JSON text) if the fingerprint for ``config_file`` still holds, else
-    None."""
+# What a holding fingerprint says: venv, interpreter, the failures backing off and the invalid
+# skills, the refused rebuild's error (all three: bootstrap.warm_failures), the paths stamped.
+Held = tuple[str, str, list[tuple[str, int, str, str]], list[tuple[str, str]], str | None,
+             frozenset[str]]
+
+
+def holds(config_file: str) -> Held | None:
+    """What the fingerprint for ``config_file`` says (see :data:`Held`) if it still holds,
+    else None."""
     path = fingerprint_path(config_file)
     text = read_text(path) if path is not None else None
     if text is None:
@@ -155,8 +163,7 @@ def holds(config_file: str) -> tuple[str, str, list[list[str]], str | None] | No
     if len(lines) < 4 or lines[0] != FORMAT or lines[-1] != "":
         return None
     python = venv = None
-    failed: list[list[str]] = []
-    refused = None
+    recorded: list[list[str]] = []
     stamped: set[str] = set()
     for line in lines[1:-1]:
         fields = line.split("\t")
@@ -177,17 +184,23 @@ def holds(config_file: str) -> tuple[str, str, list[list[str]], str | None] | No
         elif kind == "until" and len(fields) == 2:
             if not _before(fields[1]):
                 return None  # a failure is due: the full path retries it
-        elif kind == "failed" and len(fields) == 5 and fields[2].isdigit():
-            failed.append(fields[1:])
-        elif kind == "refused" and len(fields) == 2:
-            refused = fields[1]
+        elif kind in ("failed", "invalid", "refused"):
+            recorded.append(fields)
         elif kind != "config":
             return None
     # Only what the full check would print, and only when it stamped that interpreter and the
     # config: a fingerprint edited to name another program once had the kernel start it.
     if venv is None or python != venv_python(venv) or not {python, config_file} <= stamped:
         return None
-    return venv, python, failed, refused
+    failures = ([], [], None) if not recorded else _failures(recorded)
+    return None if failures is None else (venv, python, *failures, frozenset(stamped))
+
+
+def _failures(recorded: list[list[str]]) -> tuple[list[tuple[str, int, str, str]],
+                                                  list[tuple[str, str]], str | None] | None:
+    from bootstrap import warm_failures  # only for a fingerprint that records failures
+
+    return warm_failures.parse(recorded)
 
 
 def _before(deadline: str) -> bool:
@@ -313,7 +326,9 @@ def _valid(option: str, value: str, after_command: bool) -> bool:
 def try_cli(argv: list[str]) -> int | None:
     """The whole warm ``kernel-bootstrap ensure`` (or ``run``, which execs the interpreter and
     never returns unless it must refuse); None to fall through to the full CLI."""
-    if os.environ.get("KERNEL_BOOTSTRAP_PYTHON"):
+    # An unknown log format in the environment is the full CLI's usage error (exit 2).
+    if os.environ.get("KERNEL_BOOTSTRAP_PYTHON") \
+            or os.environ.get(LOG_FORMAT_ENV, "") not in ("", "console", "json"):
         return None
     launch = parse_run(argv) if "run" in argv else None
     if launch is not None:
@@ -325,71 +340,56 @@ def try_cli(argv: list[str]) -> int | None:
     found = _found(config)
     if found is None:
         return None
-    venv, python, failed, refused = found
-    answered = _answer_failures(failed, refused, quiet, log_format)
+    venv, python, failed, invalid, _, _ = found
+    answered = _answer_failures(found, quiet, log_format)
     if answered is not None:
         return answered
+    errors = [(f[0], f[3]) for f in failed] + invalid  # in the full path's order
     if as_json:
         import json
 
-        errors = [{"name": f[0], "error": json.loads(f[3])} for f in failed]
         print(json.dumps({"python": python, "venv": venv, "action": "ready", "installed": [],
-                          "failed": errors, "removed": []}))
+                          "failed": [{"name": n, "error": e} for n, e in errors],
+                          "removed": []}))
     else:
         print(python)
-    return 3 if strict and failed else 0  # EXIT_SKILLS_FAILED, as the full path decides
+    return 3 if strict and errors else 0  # EXIT_SKILLS_FAILED, as the full path decides
 
 
-def _found(config: str | None) -> tuple[str, str, list[list[str]], str | None] | None:
+def _found(config: str | None) -> Held | None:
     config_file = config_file_for(config)
     return holds(config_file) if config_file is not None else None
 
 
-def _answer_failures(failed: list[list[str]], refused: str | None, quiet: int,
-                     log_format: str | None) -> int | None:
-    """A rebuild backing off is answered with its error (exit 1, as the full path answers it);
-    each skill backing off is warned about. None: go on with the answer."""
-    if refused is not None:
-        import json
+def _answer_failures(found: Held, quiet: int, log_format: str | None) -> int | None:
+    """The full path's words for what ``found`` records; None: go on with the answer."""
+    _, _, failed, invalid, refused, _ = found
+    if not (failed or invalid or refused):
+        return None
+    from bootstrap import warm_failures
 
-        sys.stderr.write(f"error: {json.loads(refused)}\n")
-        return 1  # EXIT_FAILED
-    if quiet < 2:  # -qq shows errors only
-        for name, count, retry_at, _ in failed:
-            _warn_backed_off(name, count, retry_at, log_format)
-    return None
+    as_json = (log_format or os.environ.get(LOG_FORMAT_ENV)) == "json"  # asked for, never by TTY
+    return warm_failures.answer(failed, invalid, refused, quiet=quiet, as_json=as_json)
 
 
 def _try_exec(options: Options, python_args: list[str]) -> int | None:
     """Become the interpreter (as ``process.replace`` does, with ``os`` alone) if the
-    fingerprint holds; 3 for ``--strict`` with a failure backing off; None if it does not
-    hold, if a rebuild backs off (the full path then starts the earlier runtime, with its
-    warning), or if the exec fails (the full path says why)."""
+    fingerprint holds; 3 for ``--strict`` with a failed skill; None if it does not hold, if a
+    rebuild backs off (the full path then starts the earlier runtime, with its warning), or
+    if the exec fails (the full path says why)."""
     config, _, strict, quiet, log_format = options
     found = _found(config)
-    if found is None or found[3] is not None:
+    if found is None or found[4] is not None:
         return None
-    _, python, failed, _ = found
-    _answer_failures(failed, None, quiet, log_format)
-    if strict and failed:
-        return 3  # EXIT_SKILLS_FAILED: nothing starts, as the full path decides
+    _answer_failures(found, quiet, log_format)
+    if strict and (found[2] or found[3]):
+        from bootstrap import warm_failures
+
+        # Nothing starts, as the full path decides.
+        return warm_failures.refuse_strict([f[0] for f in found[2]] + [i[0] for i in found[3]])
+    python = found[1]
     try:
         os.execv(python, [python, *python_args])
     except OSError:
         return None
     return None  # not reached: execv does not return
-
-
-def _warn_backed_off(name: str, count: str, retry_at: str, log_format: str | None) -> None:
-    """The warning the engine logs for a failure backing off, in primitives/log.py's two
-    formats, without the error itself (``kernel-bootstrap status`` shows it). Skill names and
-    ISO times need no escaping in either."""
-    if log_format == "json" or (log_format is None and not os.isatty(2)):
-        moment = time.time()
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(moment))
-        line = (f'{{"skill": "{name}", "failures": {int(count)}, "retry_at": "{retry_at}", '
-                f'"event": "{BACKED_OFF}", "level": "warning", '
-                f'"timestamp": "{stamp}.{int(moment % 1 * 1e6):06d}Z"}}')
-    else:
-        line = f"warning: {BACKED_OFF} skill={name} failures={count} retry_at={retry_at}"
-    sys.stderr.write(line + "\n")

@@ -95,12 +95,15 @@ def dist_info_name(name: str, version: str) -> str:
 
 
 def write(venv: Venv, files: Mapping[str, str], dist_info: str,
-          meta: Mapping[str, str], executables: Iterable[str] = ()) -> None:
+          meta: Mapping[str, str], executables: Iterable[str] = (), *,
+          payload: bool = True) -> None:
     """Install one distribution: payload `files` first, then its dist-info moved into place.
 
     Keys of `files` are RECORD paths (relative to site-packages, `../../../bin/x` for scripts).
     The dist-info appears in one rename at the end, so a kill mid-install never leaves a
-    dist-info that claims files which were never written.
+    dist-info that claims files which were never written. Not so a full disk under the real
+    uv, which links a wheel's dist-info with its other directories: `payload=False` leaves
+    that state, a dist-info whose RECORD lists files that are not there.
     """
     import base64
     import hashlib
@@ -108,18 +111,20 @@ def write(venv: Venv, files: Mapping[str, str], dist_info: str,
     site = venv.site
     records: list[str] = []
 
-    def put(target: Path, record_as: str, text: str, executable: bool = False) -> None:
-        target.parent.mkdir(parents=True, exist_ok=True)
+    def put(target: Path, record_as: str, text: str, executable: bool = False,
+            written: bool = True) -> None:
         data = text.encode("utf-8")
-        target.write_bytes(data)
-        if executable:
+        if written:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+        if executable and written:
             target.chmod(0o755)
         digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
         records.append(f"{record_as},sha256={digest},{len(data)}")
 
     executable = set(executables)
     for relative, text in files.items():
-        put(site / relative, relative, text, relative in executable)
+        put(site / relative, relative, text, relative in executable, payload)
     staging = site / f".{dist_info}.{os.getpid()}.tmp"
     shutil.rmtree(staging, ignore_errors=True)
     for filename, text in meta.items():
@@ -128,6 +133,26 @@ def write(venv: Venv, files: Mapping[str, str], dist_info: str,
     (staging / "RECORD").write_text("\n".join(records) + "\n", encoding="utf-8")
     shutil.rmtree(site / dist_info, ignore_errors=True)
     staging.rename(site / dist_info)
+
+
+def torn(norm: str) -> str | None:
+    """How the package's install is torn, if it is: its dist-info lands, its files do not.
+
+    FAKE_UV_ENOSPC=name fails the call there, as the real uv does on a full disk (it links a
+    wheel's dist-info with its other directories, so the dist-info can be all that landed);
+    with FAKE_UV_ENOSPC_ONCE=FILE, only while FILE exists, which the failure removes (the
+    space came back). FAKE_UV_PARTIAL=name reports success: a dist-info a later call trusts.
+    """
+    if norm in reqs.env_names("FAKE_UV_ENOSPC"):
+        once = os.environ.get("FAKE_UV_ENOSPC_ONCE")
+        if not once:
+            return "ENOSPC"
+        try:
+            os.unlink(once)
+            return "ENOSPC"
+        except FileNotFoundError:
+            pass
+    return "partial" if norm in reqs.env_names("FAKE_UV_PARTIAL") else None
 
 
 def remove(venv: Venv, dist: Dist) -> None:

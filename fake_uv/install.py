@@ -2,7 +2,8 @@
 
 Like uv, every check (builds, resolution) finishes before the first file is written, so a failed
 call leaves the venv exactly as it was. The fault injections are environment variables:
-FAKE_UV_HANG, FAKE_UV_DELAY, FAKE_UV_FAIL, FAKE_UV_OFFINDEX, FAKE_UV_DELAY_EACH, FAKE_UV_SCRIPTS.
+FAKE_UV_HANG, FAKE_UV_DELAY, FAKE_UV_FAIL, FAKE_UV_OFFINDEX, FAKE_UV_DELAY_EACH, FAKE_UV_SCRIPTS,
+and, for what happens only while writing, FAKE_UV_ENOSPC and FAKE_UV_PARTIAL (`dists.torn`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Final, NamedTuple
 
-from fake_uv import cli, dists, projects, reqs, venvs
+from fake_uv import cli, dists, projects, reqs, venvs, wheels
 from fake_uv.errors import UvExit, failure
 from fake_uv.lock import add_locked, hashed
 from fake_uv.output import Console, plural
@@ -51,6 +52,7 @@ class Package(NamedTuple):
     version: str
     project: Project | None
     requested: bool
+    wheel: Path | None = None  # a `name @ file:///x.whl` requirement's wheel
 
     def described(self) -> str:
         source = f" (from {self.project.url})" if self.project else ""
@@ -128,7 +130,8 @@ def _log_request(editables: list[Project], requirements: list[reqs.Requirement])
 
     log_line({"pid": os.getpid(), "detail": True,
               "editables": sorted(p.directory.name for p in editables),
-              "requirements": [r.norm for r in requirements]})
+              "requirements": [r.norm for r in requirements],
+              "wheels": sum(r.url.endswith(".whl") for r in requirements)})
 
 
 def _inject_faults(editables: list[Project], requirements: list[reqs.Requirement]) -> None:
@@ -232,13 +235,19 @@ def _plan(
         todo.append(Package(project.norm, project.name, project.version, project, True))
     for requirement in requests.requirements:
         old = installed.get(requirement.norm)
-        version = requests.version_for(requirement)
+        wheel = _wheel(requirement)
+        version = wheels.version_of(wheel) if wheel else requests.version_for(requirement)
         if old and not forced(requirement.norm) and _satisfies(old, requirement, requests):
             fresh += 1
             continue
-        todo.append(Package(requirement.norm, requirement.name, version, None, True))
+        todo.append(Package(requirement.norm, requirement.name, version, None, True, wheel))
     todo += [Package(dep.norm, dep.name, requests.version_for(dep), None, False) for dep in fetch]
     return todo, fresh
+
+
+def _wheel(requirement: reqs.Requirement) -> Path | None:
+    url = requirement.url
+    return Path(reqs.editable_path(url)) if url.endswith(".whl") else None
 
 
 def _fresh(project: Project, old: dists.Dist) -> bool:
@@ -275,7 +284,13 @@ def _apply(venv: venvs.Venv, todo: list[Package], installed: dict[str, dists.Dis
         if old:
             dists.remove(venv, old)
             removed += 1
-        _write(venv, package, package.norm in scripts)
+        torn = dists.torn(package.norm)
+        _write(venv, package, package.norm in scripts, payload=not torn)
+        if torn == "ENOSPC":
+            raise failure(2, f"Failed to install: {package.norm}-{package.version}-py3-none-any"
+                             f".whl ({package.norm}=={package.version})",
+                          [f"failed to copy file to {venv.site / package.norm}",
+                           "No space left on device (os error 28)"])
         if old and old.described() == package.described():
             changes.append((package.norm, f" ~ {package.described()}"))
         else:
@@ -288,7 +303,10 @@ def _apply(venv: venvs.Venv, todo: list[Package], installed: dict[str, dists.Dis
         console.say(line)
 
 
-def _write(venv: venvs.Venv, package: Package, with_script: bool) -> None:
+def _write(venv: venvs.Venv, package: Package, with_script: bool, *,
+           payload: bool = True) -> None:
+    if package.wheel:
+        return wheels.install(venv, package.wheel)
     meta = {
         "METADATA": _metadata(package),
         "INSTALLER": "uv",
@@ -313,12 +331,14 @@ def _write(venv: venvs.Venv, package: Package, with_script: bool) -> None:
     else:
         import_name = package.norm.replace("-", "_")
         files[f"{import_name}/__init__.py"] = f'__version__ = "{package.version}"\n'
+        if import_name == "hatchling":  # a backend that builds: see fake_uv/wheels.py
+            files["hatchling/build.py"] = wheels.BACKEND
         if with_script:
             body = f"print({f'{package.norm} {package.version}'!r})\n"
             files[_bin_record(venv, package.norm)] = _script(venv, body)
     executables = [path for path in files if not path.endswith((".pth", ".py"))]
     dists.write(venv, files, dists.dist_info_name(package.name, package.version), meta,
-                executables)
+                executables, payload=payload)
 
 
 def _metadata(package: Package) -> str:

@@ -1,18 +1,21 @@
 """Issue 21's figures for an unfriendly host, against the real uv: medians and ratios.
 
     .venv/bin/python scripts/bench_hostile.py [--rounds N]
-        [--only offline-cold,locked-new,backoff-warm] [--markdown]
+        [--only offline-cold,locked-new,backoff-warm] [--markdown] [--code DIR]
 
 - ``offline-cold``  a cold ``ensure`` (ipykernel + 4 hatchling skills, everything in uv's cache
                     and the build cache) inside ``unshare -n`` (no network: no route, no DNS)
                     vs the same online; goal <= 1.2x, bar <= 1.5x. Before the fallback, the
                     unshared one failed after 16-19 s of uv's retries.
 - ``locked-new``    a new venv for a **locked** runtime (``kernel-bootstrap lock``'s
-                    ``pylock.toml`` for ipykernel) and 4 hatchling skills, everything cached
-                    (uv's cache, the build cache): ``ensure`` online vs uv alone doing the same
-                    (``uv venv``, ``uv pip install -r pylock.toml --require-hashes``, the skills
-                    as ``-e``) online, goal <= 0.4x, bar <= 0.7x; and vs uv alone with
-                    ``--offline`` (the floor), goal <= 1.3x.
+                    ``pylock.toml`` for ipykernel, resolved online from PyPI) and 6 hatchling
+                    skills, everything cached (uv's cache, the build cache): ``ensure`` online
+                    vs uv alone doing the same (``uv venv``, ``uv pip install -r pylock.toml
+                    --require-hashes``, then ``uv pip install -r`` a file of ``-e`` lines, so uv
+                    reuses the editables it built before) online, goal <= 0.4x, bar <= 0.7x;
+                    and vs uv alone with ``--offline`` (the floor), goal <= 1.3x. Then a table
+                    of where the time goes, phase by phase (``bench_phases.py``).
+                    ``--code DIR`` runs ours from another copy of the package (before/after).
 - ``backoff-warm``  a warm ``ensure`` whose one skill keeps failing (its dependency exists on
                     no index), inside the failure's backoff window, vs ``python -c pass`` and vs
                     a warm ``ensure`` with no failure; goal <= 1.1x ``python -c pass``.
@@ -37,9 +40,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 # Imported after the sys.path lines, so the script runs from a checkout.
+import bench_phases
 from bench_lib import (
     BASE_PYTHON,
     BIN,
+    Timing,
     Workspace,
     World,
     check,
@@ -51,7 +56,9 @@ from bench_lib import (
     quartiles,
     remove_venv,
     rmtree,
+    run_timed,
     settle,
+    skills_only_file,
     timed,
     warm_uv_cache,
 )
@@ -60,6 +67,13 @@ from bench_report import Results, Table, Verdict, machine, ms, ratio, secs
 from testing.skills import Package, make_skill
 
 FIGURES = ("offline-cold", "locked-new", "backoff-warm")
+LOCKED_SKILLS = 6
+# uv alone in locked-new: $0 uv, $1 the base interpreter, $2 the venv, $3 pylock.toml, $4 the
+# skills as `-e` lines (given so, uv reuses the editables it built for the same paths).
+UV_ALONE = ('set -e; uv=$0 venv=$2; "$uv" venv --quiet --python "$1" "$venv"; '
+            '"$uv" pip install --quiet $OFFLINE --python "$venv/bin/python" -r "$3" '
+            '--require-hashes')
+UV_SKILLS = '; "$uv" pip install --quiet $OFFLINE --python "$venv/bin/python" -r "$4"'
 
 
 def _online_env() -> dict[str, str]:
@@ -102,59 +116,64 @@ def fig_offline_cold(ws: Workspace, rounds: int, out: Results) -> None:
                                 offline / online <= 1.5))
 
 
-def fig_locked_new(ws: Workspace, rounds: int, out: Results) -> None:
-    world = make_world(ws, "locked-new", 4)
-    env = _online_env()
+def fig_locked_new(ws: Workspace, rounds: int, out: Results, code: Path | None) -> None:
+    world = make_world(ws, "locked-new", LOCKED_SKILLS)
+    # Both sides run the real uv (no logging shim): the shim's bash start on each of ours
+    # three calls would count against ours alone.
+    env = {**_online_env(), "KERNEL_BOOTSTRAP_UV": str(ws.uv)}
+    ours_env = {**env, "PYTHONPATH": str(code)} if code else env
     with world.config.open("a", encoding="utf-8") as f:
         f.write('lock = "pylock.toml"\n')
-    check([BIN / "kernel-bootstrap", "lock", "--config", world.config], env)
-    check(ours_argv(world), env)  # fills the build cache with the 4 skills' wheels
+    check([BIN / "kernel-bootstrap", "lock", "--config", world.config], ours_env)
+    check(ours_argv(world), ours_env)  # fills the build cache with the skills' wheels
     uv_venv = world.dir / "venv-uv"
-    runtime = ('set -e; uv=$0 venv=$2; "$uv" venv --quiet --python "$1" "$venv"; '
-               '"$uv" pip install --quiet $OFFLINE --python "$venv/bin/python" -r "$3" '
-               '--require-hashes')
-    then_skills = ('; shift 3; "$uv" pip install --quiet $OFFLINE --python "$venv/bin/python" '
-                   '"$@"')
-    editables = [arg for skill in world.skills for arg in ("-e", str(skill))]
+    skills_file = skills_only_file(world)
 
-    def uv_alone(offline: bool, skills: bool = True) -> list[str]:
-        flag = "--offline" if offline else ""
-        script = runtime + (then_skills if skills else "")
-        return ["env", f"OFFLINE={flag}", "bash", "-c", script, str(ws.uv), BASE_PYTHON,
-                str(uv_venv), str(world.dir / "pylock.toml"), *editables]
+    def uv_alone(offline: bool, skills: bool = True, uv: Path = ws.uv) -> list[str]:
+        return ["env", f"OFFLINE={'--offline' if offline else ''}", "bash", "-c",
+                UV_ALONE + (UV_SKILLS if skills else ""), str(uv), BASE_PYTHON, str(uv_venv),
+                str(world.dir / "pylock.toml"), str(skills_file)]
 
-    check(uv_alone(False), env)  # uv's cache now holds the skills' builds too
+    check(uv_alone(False), env)  # uv's cache now holds the skills' editable builds too
 
-    def ours() -> float:
+    def ours() -> Timing:
         remove_venv(world.venv)
         os.sync()
-        return timed(ours_argv(world), env)
+        return run_timed(ours_argv(world), ours_env)
 
-    def uv(offline: bool, skills: bool = True) -> float:
+    def uv(offline: bool, skills: bool = True) -> Timing:
         rmtree(uv_venv)
         os.sync()
-        return timed(uv_alone(offline, skills), env)
+        return run_timed(uv_alone(offline, skills), env)
 
-    variants: dict[str, Callable[[], float]] = {
+    variants: dict[str, Callable[[], Timing]] = {
         "`kernel-bootstrap ensure`, new venv, locked runtime, online": ours,
         "uv alone, online": functools.partial(uv, False),
         "uv alone, `--offline` (the floor)": functools.partial(uv, True),
         "uv alone, `--offline`, the locked runtime only (no skills)": functools.partial(
             uv, True, False),
     }
-    times = interleave(variants, rounds)
+    timings = interleave(variants, rounds)
+    times = {name: [t.wall for t in got] for name, got in timings.items()}
     ours_s, online, offline, _ = (median(t) for t in times.values())
+    offline_cpu = median(t.cpu for t in timings["uv alone, `--offline` (the floor)"])
     rows = [[name, secs(median(t)), "-".join(map(secs, quartiles(t))),
-             ratio(median(t), online), ratio(median(t), offline)]
+             ratio(median(t), online), ratio(median(t), offline),
+             secs(cpu := median(x.cpu for x in timings[name])), ratio(cpu, offline_cpu)]
             for name, t in times.items()]
     out.tables["locked-new"] = [Table(
-        "A new venv for a locked runtime (ipykernel) and 4 cached hatchling skills",
-        ["command", "median s", "IQR s", "vs uv online", "vs uv --offline"], rows,
+        f"A new venv for a locked runtime (ipykernel) and {LOCKED_SKILLS} cached hatchling "
+        "skills", ["command", "median s", "IQR s", "vs uv online", "vs uv --offline",
+                   "median CPU s", "CPU vs uv --offline"], rows,
         [f"Median of {rounds} interleaved rounds; the venv is removed (and the removal "
          "flushed) before each run. uv alone: `uv venv`, `uv pip install -r pylock.toml "
-         "--require-hashes`, `uv pip install -e` the 4 skills (built once before, with uv's "
-         "cache kept). The last row leaves the skills out: what the runtime alone costs uv "
-         "offline."])]
+         f"--require-hashes`, then `uv pip install -r` a file of the {LOCKED_SKILLS} skills as "
+         "`-e` lines: for the same paths uv reuses the editables it built before (on the "
+         "command line, `-e DIR` always rebuilds). The last row leaves the skills out: what "
+         "the runtime alone costs uv offline. CPU: user + system seconds of the whole "
+         "process tree, which neighbours' load moves far less than wall time."])]
+    phases_table(ws, world, rounds, out, (ours_env, env),
+                 lambda shim: uv_alone(True, uv=shim), uv_venv)
     out.verdicts.append(Verdict("new venv, locked runtime + cached skills, vs uv alone online",
                                 "<= 0.4x (bar 0.7x)",
                                 f"{ours_s / online:.2f}x ({secs(ours_s)} vs {secs(online)} s)",
@@ -162,6 +181,41 @@ def fig_locked_new(ws: Workspace, rounds: int, out: Results) -> None:
     out.verdicts.append(Verdict("the same vs uv alone --offline (the floor)", "<= 1.3x",
                                 f"{ours_s / offline:.2f}x ({secs(ours_s)} vs {secs(offline)} s)",
                                 ours_s / offline <= 1.3))
+
+
+def phases_table(ws: Workspace, world: World, rounds: int, out: Results,
+                 envs: tuple[dict[str, str], dict[str, str]],
+                 uv_alone: Callable[[Path], list[str]], uv_venv: Path) -> None:
+    """Where the time goes: extra interleaved rounds of ours (``-v --log-format json``) and of
+    uv alone ``--offline``, each uv call through a shim that stamps its start and end."""
+    shim, log = bench_phases.timing_shim(ws.root / "bin", ws.uv)
+    ours_env, env = envs
+    ours_env = {**ours_env, "KERNEL_BOOTSTRAP_UV": str(shim)}
+    argv = [*ours_argv(world), "-v", "--log-format", "json"]
+
+    def ours() -> dict[str, float]:
+        remove_venv(world.venv)
+        os.sync()
+        return bench_phases.ours_phases(*bench_phases.run_logged(argv, ours_env, log))
+
+    def uv() -> dict[str, float]:
+        rmtree(uv_venv)
+        os.sync()
+        start, end, spans, _ = bench_phases.run_logged(uv_alone(shim), env, log)
+        return bench_phases.uv_alone_phases(start, end, spans)
+
+    found = interleave({"ours": ours, "uv": uv}, rounds)
+    names = list(found["ours"][0])
+    rows = [[name, ms(median(r[name] for r in found["ours"])),
+             ms(median(r[name] for r in found["uv"]))] for name in names]
+    out.tables["locked-new"].append(Table(
+        "Where the time goes: the locked rebuild, phase by phase",
+        ["phase", "ours, median ms", "uv alone --offline, median ms"], rows,
+        [f"Median of {rounds} more interleaved rounds, not the timed ones: every uv call goes "
+         "through a bash shim stamping its start and end, and ours runs with `-v --log-format "
+         "json` (its `runtime ready` event ends the flip). Each phase's median is taken on "
+         "its own, so the phases need not add up to the total. For uv alone, the rows "
+         "between uv calls are bash."]))
 
 
 def fig_backoff_warm(ws: Workspace, rounds: int, out: Results) -> None:
@@ -214,6 +268,9 @@ def main() -> int:
                         help="rounds per figure (default: 9 cold, 31 warm)")
     parser.add_argument("--only", default=",".join(FIGURES))
     parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--code", type=Path, default=None,
+                        help="locked-new: run ours from the bootstrap package in this directory "
+                             "(PYTHONPATH), e.g. a copy of the code before a change")
     args = parser.parse_args()
     only = args.only.split(",")
     root = Path(tempfile.mkdtemp(prefix="kb-bench-hostile-"))
@@ -225,7 +282,7 @@ def main() -> int:
         if "offline-cold" in only:
             fig_offline_cold(ws, args.rounds or 9, out)
         if "locked-new" in only:
-            fig_locked_new(ws, args.rounds or 9, out)
+            fig_locked_new(ws, args.rounds or 9, out, args.code)
         if "backoff-warm" in only:
             fig_backoff_warm(ws, args.rounds or 31, out)
         print("\n".join(machine(ws.uv)))

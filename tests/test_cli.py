@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -61,7 +62,8 @@ def test_every_option_has_help_and_every_value_option_its_default(command: list[
     parser = build_parser()
     for name in command:
         sub = next(a for a in parser._actions if a.dest.endswith("command"))
-        parser = sub.choices[name]  # type: ignore[index]
+        assert isinstance(sub, argparse._SubParsersAction)
+        parser = sub.choices[name]
     assert parser.description
     for action in parser._actions:
         if action.dest == "help" or not action.option_strings:
@@ -182,3 +184,16 @@ def test_a_run_started_with_stdout_closed_still_succeeds(world: World, command: 
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=world.env,
         preexec_fn=lambda: os.close(1), check=False)
     assert (result.returncode, "Traceback" in result.stderr) == (0, False), result.stderr
+
+
+def test_top_level_help_names_every_variable_of_readmes_environment_table() -> None:
+    import re
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    table = readme[readme.index("| environment | effect |"):]
+    table = table[:table.index("\n\n")]
+    names = re.findall(r"^\| `([A-Z_]+)`", table, flags=re.MULTILINE)
+    assert "KERNEL_BOOTSTRAP_NO_GENERATIONS" in names and "KERNEL_BOOTSTRAP_LOG_FORMAT" in names
+    out = cli("--help").stdout
+    environment = out[out.index("\nenvironment:\n"):]
+    assert [n for n in names if not re.search(rf"\n  {n}[ =]", environment)] == []

@@ -124,7 +124,8 @@ def test_config_discovery_from_the_environment_then_the_current_directory(
 def test_default_venv_is_in_the_user_data_dir(world: World) -> None:
     world.config.write_text("")
     config = load_config(world.config)
-    assert config.venv.name == "venv" and "kernel-bootstrap" in str(config.venv)
+    assert config.venv.parent == _data_dir() / "venvs"
+    assert config.venv.name.startswith(f"{world.root.name}-")
 
 
 @pytest.mark.parametrize("venv", ["v" * 300, "v" * 200, "deep/" + "d" * 256 + "/venv"])
@@ -268,3 +269,66 @@ def test_a_skill_file_that_is_a_fifo_or_device_is_warned_about_by_name(
     explicit = world.run("ensure", timeout=60)
     assert explicit.returncode == 2
     assert f"{beta / 'SKILL.md'}: is a {kind}, not a file" in explicit.stderr
+
+
+# -- the default venv belongs to its config (issue 31: two projects shared one) --------------
+
+def _data_dir() -> Path:
+    return Path(os.environ["XDG_DATA_HOME"]) / "kernel-bootstrap"
+
+
+def _project(root: Path, name: str) -> World:
+    world = World(root / name)
+    world.skill(f"{name}-skill")
+    world.write_config(venv=None, requirements=[f"{name}-dep"])
+    return world
+
+
+def test_two_configs_without_venv_get_venvs_of_their_own(tmp_path: Path) -> None:
+    first, second = _project(tmp_path, "first"), _project(tmp_path, "second")
+    first_venv, second_venv = load_config(first.config).venv, load_config(second.config).venv
+    assert first_venv != second_venv
+    for venv, name in ((first_venv, "first"), (second_venv, "second")):
+        assert venv.parent == _data_dir() / "venvs" and venv.name.startswith(f"{name}-")
+    # The config's real path decides: the same file through a symlinked directory is the same.
+    (tmp_path / "alias").symlink_to(first.root)
+    assert load_config(tmp_path / "alias" / "kernel-bootstrap.toml").venv == first_venv
+
+    # A second project's ensure leaves the first one's venv as it was: ready, and warm.
+    assert first.ensure().stdout == f"{first_venv / 'bin' / 'python'}\n"
+    assert second.ensure().stdout == f"{second_venv / 'bin' / 'python'}\n"
+    status = first.run("status", "--json")
+    assert status.returncode == 0 and json.loads(status.stdout)["ready"] is True
+    first.clear_log()
+    assert first.ensure().stdout == f"{first_venv / 'bin' / 'python'}\n"
+    assert first.uv_calls() == []
+
+
+def test_status_says_which_venv_a_config_uses_and_why(tmp_path: Path) -> None:
+    world = _project(tmp_path, "proj")
+    venv = load_config(world.config).venv
+    text = world.run("status")
+    assert text.stdout.splitlines()[0] == f"venv:    {venv} (this config's default)"
+    assert json.loads(world.run("status", "--json").stdout)["venv"] == str(venv)
+    chosen = world.run("status", env={"KERNEL_BOOTSTRAP_VENV": str(tmp_path / "elsewhere")})
+    assert chosen.stdout.splitlines()[0] == (f"venv:    {tmp_path / 'elsewhere'} "
+                                             "(KERNEL_BOOTSTRAP_VENV)")
+    world.write_config(venv="venv")
+    assert world.run("status").stdout.splitlines()[0] == f"venv:    {world.venv}"
+
+
+def test_the_shared_default_of_earlier_releases_is_named_until_the_configs_own_exists(
+        tmp_path: Path) -> None:
+    world = _project(tmp_path, "proj")
+    legacy = _data_dir() / "venv"
+    legacy.mkdir(parents=True)
+    (legacy / "kept").write_text("")
+    own = load_config(world.config).venv
+    note = (f"warning: configs without `venv` no longer share {legacy}; this one uses "
+            f"{own}, built at the next ensure (to keep the old one, set venv = \"{legacy}\" "
+            f"in {world.config})\n")
+    status = world.run("status")
+    assert status.stderr == note
+    world.ensure()
+    assert world.run("status").stderr == ""
+    assert (legacy / "kept").exists(), "the old shared venv is left as it was"

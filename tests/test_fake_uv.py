@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from testing.uvlog import fake_uv_shim, read_uv_log
+from testing.uvlog import fake_uv_shim, read_calls, read_uv_log
 
 _FAULTS = ("FAKE_UV_FAIL", "FAKE_UV_HANG", "FAKE_UV_OFFINDEX", "FAKE_UV_DELAY",
-           "FAKE_UV_DELAY_EACH", "FAKE_UV_SCRIPTS", "UV_OFFLINE", "UV_VENV_CLEAR")
+           "FAKE_UV_DELAY_EACH", "FAKE_UV_SCRIPTS", "UV_OFFLINE", "UV_VENV_CLEAR",
+           "FAKE_UV_ENOSPC", "FAKE_UV_ENOSPC_ONCE", "FAKE_UV_PARTIAL")
 
 
 class Uv:
@@ -312,3 +313,51 @@ def test_an_editable_without_a_project_table_fails_to_build(uv: Uv, venv: Path,
     (tmp_path / "empty" / "pyproject.toml").write_text('[project]\nversion = "1"\n',
                                                         encoding="utf-8")
     assert "project.name" in uv.install(venv, "-e", tmp_path / "empty", code=1).stderr
+
+
+def test_a_full_disk_leaves_a_dist_info_without_files_which_the_next_call_trusts(
+        uv: Uv, venv: Path) -> None:
+    done = uv.install(venv, "six", "numpy", env={"FAKE_UV_ENOSPC": "numpy"}, code=2)
+    assert "No space left on device (os error 28)" in done.stderr
+    site = site_packages(venv)
+    assert (site / "numpy-1.0.0.dist-info" / "RECORD").is_file()
+    assert "numpy/__init__.py,sha256=" in (site / "numpy-1.0.0.dist-info" / "RECORD").read_text()
+    assert not (site / "numpy").exists() and importable(venv, "six")
+    again = uv.install(venv, "six", "numpy")  # as the real uv: "installed" by its dist-info
+    assert "Checked 2 packages" in again.stderr and not importable(venv, "numpy")
+
+
+def test_a_full_disk_once_fails_one_call_and_a_partial_install_reports_success(
+        uv: Uv, venv: Path, tmp_path: Path) -> None:
+    once = tmp_path / "once"
+    once.touch()
+    faults = {"FAKE_UV_ENOSPC": "numpy", "FAKE_UV_ENOSPC_ONCE": str(once)}
+    uv.install(venv, "numpy", env=faults, code=2)
+    assert not once.exists()
+    uv.install(venv, "numpy", "--reinstall", env=faults)
+    assert importable(venv, "numpy")
+    uv.install(venv, "requests", env={"FAKE_UV_PARTIAL": "requests"})
+    assert (site_packages(venv) / "requests-1.0.0.dist-info").is_dir()
+    assert not importable(venv, "requests")
+
+
+def test_the_index_hatchling_builds_an_editable_wheel_that_installs(uv: Uv, venv: Path,
+                                                                    tmp_path: Path) -> None:
+    project = make_project(tmp_path, "wheel-skill", dependencies=("six",))
+    build_env = tmp_path / "build-env"
+    uv("venv", "-q", build_env)
+    uv.install(build_env, "hatchling")
+    out = tmp_path / "out"
+    out.mkdir()
+    built = subprocess.run([str(build_env / "bin" / "python"), "-I", "-c",
+                            f"import hatchling.build as b; print(b.build_editable({str(out)!r}))"],
+                           cwd=project, capture_output=True, text=True, check=True)
+    wheel = out / built.stdout.strip()
+    assert wheel.name == "wheel_skill-0.1.0-py3-none-any.whl"
+    uv.install(venv, f"wheel-skill @ {wheel.as_uri()}")
+    assert py(venv, "import wheel_skill; print(wheel_skill.VALUE)").stdout == "original\n"
+    info = site_packages(venv) / "wheel_skill-0.1.0.dist-info"
+    assert (info / "INSTALLER").read_text() == "uv"
+    assert "Requires-Dist: six" in (info / "METADATA").read_text()
+    [call] = [c for c in read_calls(uv.log) if c.wheels]
+    assert call.requirements == ["wheel-skill"] and call.wheels == 1

@@ -76,7 +76,7 @@ def test_the_cycle_finder_finds_one() -> None:
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("bootstrap.errors",),
     ("bootstrap.primitives",),
-    ("bootstrap.warm", "bootstrap.fingerprint"),
+    ("bootstrap.warm", "bootstrap.warm_failures", "bootstrap.fingerprint"),
     ("bootstrap.places",),
     ("bootstrap.trees",),
     ("bootstrap.config_file",),

@@ -111,7 +111,8 @@ def test_a_failed_skill_shows_its_uv_error_tail_and_what_to_run_next(world: Worl
 
 
 def test_a_failed_skill_in_json_logs_and_output_carries_the_tail(world: World) -> None:
-    result = world.run("ensure", "--json", "--strict", env={"FAKE_UV_FAIL": "alpha"})
+    result = world.run("ensure", "--json", "--strict", env={"FAKE_UV_FAIL": "alpha",
+                                                          "KERNEL_BOOTSTRAP_LOG_FORMAT": "json"})
     assert result.returncode == EXIT_SKILLS_FAILED, result.stderr
     [failed] = json.loads(result.stdout)["failed"]
     assert failed["name"] == "alpha" and "fake build failure for alpha" in failed["error"]

@@ -112,7 +112,7 @@ def test_a_runtime_change_rebuilds_beside_and_swaps_in_at_the_same_path(
     (world.venv / "old-tree").write_text("the venv before the rebuild")
     world.write_config(requirements=NEW_RUNTIME)
     world.clear_log()
-    result = world.ensure("--json", env=env)
+    result = world.ensure("--json", env={**env, "KERNEL_BOOTSTRAP_LOG_FORMAT": "json"})
     out = json.loads(result.stdout)
     assert out["action"] == "rebuild"
     assert f"{out['python']}\n" == before == f"{world.python}\n"

@@ -459,3 +459,34 @@ def test_an_edit_just_before_a_check_makes_the_next_start_check_fully(
 
     assert full_check()  # the racy stamp is not believed ...
     assert not full_check()  # ... and once settled, the start is warm again
+
+
+# -- the warm warning for a failure backing off, in the format the full path would use ----------
+
+def test_a_warm_start_warns_in_console_lines_on_a_pipe_and_json_only_when_asked(
+        tmp_path: Path) -> None:
+    # A pipe used to get a JSON line (issue 31: CI logs are read by people).
+    world = World(tmp_path)
+    world.skill("alpha")
+    world.skill("beta")
+    start = time.time() + 10 * 86400
+
+    def at(seconds: float, **env: str) -> dict[str, str]:
+        return {"KERNEL_BOOTSTRAP_TEST_NOW": repr(start + seconds), **env}
+
+    for _ in range(2):  # the second failure backs off for a minute
+        world.ensure(env=at(0, FAKE_UV_FAIL="beta"))
+    world.ensure(env=at(1))  # a full check: saves the fingerprint that records the failure
+    world.clear_log()
+    retry_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start + 60))
+    console = world.ensure(env=at(2)).stderr
+    assert console.startswith("warning: skill failed to install earlier; not retried before "
+                              f"retry_at skill=beta failures=2 retry_at={retry_at}")
+    for line in console.splitlines():
+        with pytest.raises(ValueError):
+            json.loads(line)
+    as_json = world.ensure(env=at(2, KERNEL_BOOTSTRAP_LOG_FORMAT="json"))
+    event = json.loads(as_json.stderr)
+    assert (event["event"], event["skill"], event["retry_at"]) == (
+        "skill failed to install earlier; not retried before retry_at", "beta", retry_at)
+    assert world.uv_calls() == [], "both answered warm"

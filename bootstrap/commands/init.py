@@ -27,7 +27,8 @@ requirements = ["ipykernel"]
 # python = "3.12"
 
 # Where the venv lives; its path never changes across rebuilds ($KERNEL_BOOTSTRAP_VENV wins).
-# Default: kernel-bootstrap/venv in the user data directory.
+# Default: a venv of this file's own in the user data directory
+# (kernel-bootstrap/venvs/<directory>-<hash>; `kernel-bootstrap status` shows it).
 # venv = ".kernel-venv"
 
 # A constraints file for every install; its digest is part of the runtime identity.

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from bootstrap.config import Config, load_config
 from bootstrap.errors import EXIT_OK, ConfigError
-from bootstrap.snapshots.store import Store, open_store
+from bootstrap.snapshots.store import Store, offline_bucket, open_store
 
 if TYPE_CHECKING:
     from bootstrap.snapshots.bucket import BucketStore
@@ -20,6 +20,12 @@ def _store(config: Config) -> Store | BucketStore:
         raise ConfigError(
             f"{config.path}: no snapshot store: set `snapshots = \"PATH\"` in the config or "
             "KERNEL_BOOTSTRAP_SNAPSHOTS"
+        )
+    if offline_bucket(config):
+        raise ConfigError(
+            f"{config.path}: the snapshot store {config.snapshots} is a bucket and `offline` is "
+            "set (no network, buckets included); unset `offline` (and KERNEL_BOOTSTRAP_OFFLINE, "
+            "UV_OFFLINE) to reach it"
         )
     return open_store(config.snapshots)
 

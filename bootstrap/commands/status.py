@@ -36,7 +36,7 @@ def status(config_path: Path | None, *, as_json: bool) -> int:
         print(json.dumps({**status_dict(found, held), **lockfile, "snapshot": snapshot,
                           "generation": generation}))
     else:
-        text = _with_generations(render(found, held), generation)
+        text = _with_generations(_with_origin(render(found, held), config), generation)
         if lockfile:
             text = _with_lockfile(text, config, lockfile["lockfile"])
         print(text)
@@ -53,7 +53,7 @@ def snapshot_info(config: Config) -> dict[str, Any]:
     from bootstrap.config import default_python
     from bootstrap.env.platform import is_running_interpreter, local_platform
     from bootstrap.snapshots.cloud import Unavailable
-    from bootstrap.snapshots.store import open_store, snapshot_key
+    from bootstrap.snapshots.store import offline_bucket, open_store, snapshot_key
 
     version = python_version(config.venv)
     # Resolved, as a rebuild resolves it (snapshot.platform_of): a venv's bin/python spelling
@@ -64,6 +64,8 @@ def snapshot_info(config: Config) -> dict[str, Any]:
     if version is None:
         return {"store": str(config.snapshots), "key": None, "exists": None}
     key = snapshot_key(config, local_platform(version))
+    if offline_bucket(config):  # offline: not asked, as a rebuild would not ask it
+        return {"store": str(config.snapshots), "key": key, "exists": None}
     try:
         exists = open_store(config.snapshots).has(key)  # a bucket: one bounded HEAD
     except Unavailable:  # the bucket cannot be asked without the cloud extra
@@ -78,6 +80,16 @@ def lockfile_info(config: Config) -> dict[str, str]:
     from bootstrap.env.pins import known_resolution, state
 
     return {"lockfile": state(config, known_resolution(config))}
+
+
+def _with_origin(text: str, config: Config) -> str:
+    """The venv line says where the path came from when the config does not name it: two
+    projects once shared the default venv without either config saying so."""
+    if config.venv_from == "config":
+        return text
+    origin = "this config's default" if config.venv_from == "default" else config.venv_from
+    first, _, rest = text.partition("\n")
+    return f"{first} ({origin})\n{rest}"
 
 
 def _with_generations(text: str, generation: dict[str, Any]) -> str:
@@ -135,9 +147,10 @@ def render(found: Status, held: LockInfo) -> str:
     if found.rebuild is not None:
         lines.insert(4, f"rebuild: failed ({_when(found.rebuild)}): "
                         f"{_last_line(found.rebuild.error)}")
+    if found.skills or found.stray:  # a stray skill alone still goes under its heading
+        lines.append("skills:")
     if found.skills:
         width = max(len(s.name) for s in found.skills)
-        lines.append("skills:")
         for s in found.skills:
             kind = "python" if s.python else "plain"
             error = f"  {_last_line(s.error)}" if s.error else ""
@@ -146,7 +159,7 @@ def render(found: Status, held: LockInfo) -> str:
             lines += [f"  {'':<{width}}  warning: {w}" for w in s.warnings]
     for name in found.stray:
         lines.append(f"  {name}  recorded but no longer configured (ensure uninstalls it)")
-    verdict = "yes" if found.ready else f"no; run `kernel-bootstrap {_next(found)}`"
+    verdict = "yes" if found.ready else f"no; run {_next(found)}"
     lines.append(f"ready:   {verdict}")
     return "\n".join(lines)
 
@@ -164,8 +177,11 @@ def _last_line(text: str) -> str:
 
 
 def _next(found: Status) -> str:
+    """What to run next, each command in backticks (one too many used to close the hint)."""
     if found.rebuild is not None and found.rebuild.backing_off:
-        return "ensure --retry` after fixing what made the rebuild fail"
+        return "`kernel-bootstrap ensure --retry` after fixing what made the rebuild fail"
+    # A plain `ensure` does not retry a failure backing off: it would answer at once.
+    ensure = f"`kernel-bootstrap ensure{' --retry' if found.backed_off else ''}`"
     if any(s.state == "failed" for s in found.skills):
-        return "repair` after fixing the failed skills, or `kernel-bootstrap ensure"
-    return "ensure"
+        return f"`kernel-bootstrap repair` after fixing the failed skills, or {ensure}"
+    return ensure

@@ -10,10 +10,11 @@ link to it, then sync skills. The interpreter path never changes across rebuilds
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
-from bootstrap import fingerprint
-from bootstrap.config import Config
+from bootstrap import fingerprint, warm
+from bootstrap.config import Config, Skill
 from bootstrap.engine.rebuild import rebuild
 from bootstrap.engine.results import Action, EnsureResult
 from bootstrap.engine.status import Status, status
@@ -56,9 +57,10 @@ def ensure(config: Config, *, lock_timeout: float = 300.0, force: bool = False,
     live = Venv.at(config.venv)
     config_stamps = fingerprint.input_stamps(_config_paths(config))
     venv_stamps = fingerprint.stamps(_venv_paths(live))
-    found = status(config)
+    vouched = _vouched(config)
+    found = status(config, vouched=vouched)
     # Once per full check (the warm path skips all of this until a skill changes).
-    skillmd.report((s.name, s.spec) for s in config.skills)
+    skillmd.report((s.name, s.spec) for s in config.skills if _skill_md(s) not in vouched)
     # A plain-directory venv of an earlier release becomes a generation under the lock.
     if _nothing_due(found, force, reinstall, retry) and not generations.wants_conversion(
             config.venv):
@@ -89,6 +91,35 @@ def ensure(config: Config, *, lock_timeout: float = 300.0, force: bool = False,
                            with_skills=not cut_short, why=why)
 
 
+# SKILL.md files vouched for in this process, and their stamps then: a library caller's later
+# ensure() calls cost a stat per skill, not a read of the fingerprint and a stat of all it holds.
+_VOUCHED: dict[str, str] = {}
+
+
+def _vouched(config: Config) -> frozenset[str]:
+    """The SKILL.md files of ``config`` that the warm fingerprint vouches for: it holds, it
+    stamped them (unchanged since a full check found them breaking no rule) and does not
+    record their skills as invalid. Their check is skipped: parsing them imported PyYAML
+    (~20 ms) into every process that called ``ensure()``, though the answer was warm."""
+    files = {s.name: _skill_md(s) for s in config.skills}
+    stamps = {path: warm.stamp(path) for path in files.values()}  # before the fingerprint's
+    known = {path for path, stamp in stamps.items() if _VOUCHED.get(path) == stamp}
+    held = None
+    if len(known) < len(stamps) and config.path is not None:
+        held = warm.holds(str(config.path))
+    if held is not None:
+        invalid = {name for name, _ in held[3]}
+        for name, path in files.items():
+            if name not in invalid and path in held[5] and stamps[path] != "-":
+                _VOUCHED[path] = stamps[path]
+                known.add(path)
+    return frozenset(known)
+
+
+def _skill_md(skill: Skill) -> str:
+    return os.path.join(skill.path, skillmd.SKILL_FILE)  # a stat's worth: not pathlib's ~10 µs
+
+
 def _nothing_due(found: Status, force: bool, reinstall: frozenset[str], retry: bool) -> bool:
     """Ready, or ready but for failed skills backing off (and no retry asked for)."""
     return (found.settled and not force and not reinstall
@@ -97,13 +128,15 @@ def _nothing_due(found: Status, force: bool, reinstall: frozenset[str], retry: b
 
 def _settled(config: Config, live: Venv, found: Status,
              stamped: list[tuple[str, str]]) -> EnsureResult:
-    """The answer when nothing is due: each failure backing off is warned about and reported."""
+    """The answer when nothing is due: each failure backing off is warned about and reported,
+    as is each invalid skill (warned about by skillmd.report already)."""
     _remember(config, live, stamped, found)
     failed = {}
     for skill in found.backed_off:
         assert skill.failure is not None
         backoff.warn_backed_off(skill.name, skill.failure)
         failed[skill.name] = skill.failure.error
+    failed.update({s.name: s.error or "" for s in found.invalid})
     return EnsureResult(found.python, config.venv, "ready", failed=failed)
 
 
@@ -219,7 +252,9 @@ def _remember(config: Config, venv: Venv, stamped: list[tuple[str, str]],
     failures = [(s.name, s.failure) for s in (found.backed_off if found else []) if s.failure]
     failed = tuple((name, f.failures, backoff.iso(f.retry_at), f.error) for name, f in failures)
     until = min((f.retry_at for _, f in failures), default=None)
-    fingerprint.save(str(config.path), str(venv.path), str(venv.python), stamped, failed, until)
+    invalid = tuple((s.name, s.error or "") for s in (found.invalid if found else []))
+    fingerprint.save(str(config.path), str(venv.path), str(venv.python), stamped, failed, until,
+                     invalid=invalid)
 
 
 def _say_why_rebuild(found: Status, force: bool, asked: tuple[str, ...]) -> None:

@@ -11,14 +11,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 from bootstrap.config import Config
-from bootstrap.env import generations, ready_check
+from bootstrap.env import generations, ready_check, record
 from bootstrap.env.identity import identity_of, runtime_inputs
 from bootstrap.env.marker import RuntimeRecord, SkillRecord, base_marker, write_marker
 from bootstrap.env.uv import Uv
 from bootstrap.env.venv import Venv, interpreter, is_venv, staging_path
 from bootstrap.errors import BootstrapError, ConfigError, UvError
 from bootstrap.primitives import log, process, progress
-from bootstrap.primitives.fs import remove_quietly, removed_on_failure
+from bootstrap.primitives.atomic import DiskError
+from bootstrap.primitives.fs import remove_quietly, remove_tree, removed_on_failure
 from bootstrap.skills.sync import Riders, build_ahead, cached_riders
 
 if TYPE_CHECKING:
@@ -65,8 +66,8 @@ def rebuild(config: Config, uv: Uv, snapshots: restore.Plan | None = None, *,
         generations.prepare(staged.path)
         # uv cannot install into an interpreter without running it (it asks the interpreter
         # for its paths and markers): after the requirements landed, the bare "does it run"
-        # child would only repeat that (15-60 ms, by load).
-        ran = config.lock is None and bool(config.requirements)
+        # child would only repeat that (15-60 ms, by load). A locked install runs it as well.
+        ran = config.lock is not None or bool(config.requirements)
         runtime = _runtime_record(config, _validate(staged, config, ran=ran))
         # The base marker lands with the venv: a session killed during the skill sync leaves
         # a marker that says "runtime done", so the next one never rebuilds it.
@@ -114,15 +115,32 @@ def _install_runtime(config: Config, uv: Uv, staged: Venv,
                 raise
             log.info("the runtime and the cached skills failed together; installing the "
                      "runtime alone", error=e.tail)
+        _emptied(uv, staged, config.python)
         uv.install(python, list(config.requirements), what=what)
     return {}
 
 
+def _emptied(uv: Uv, staged: Venv, python: str) -> None:
+    """``staged`` made a new, empty venv again.
+
+    A uv call that failed half-way through a package (a full disk) can leave its dist-info
+    without its files, and uv takes a dist-info for "installed": the runtime-alone call that
+    followed in the same venv skipped numpy, and a runtime without numpy's files was put in
+    place (issue 31). The new venv costs one ``uv venv``, on this failure path only.
+    """
+    try:
+        remove_tree(staged.path)
+    except OSError as e:
+        raise DiskError(f"could not empty the staged venv {staged.path} for a second attempt: "
+                        f"{e.strerror or e}; the old venv is unchanged", e) from e
+    uv.create_venv(staged.path, python)
+
+
 def _runtime_step(config: Config, cached: Riders) -> str:
-    text = f"installing the runtime ({len(config.requirements)} requirements)"
+    text = f"installing the runtime ({log.counted(len(config.requirements), 'requirement')})"
     if cached.skills:
-        text += f" and {len(cached.skills)} skills from the build cache"
-    return text + (f"; building {len(cached.rest)} skills" if cached.rest else "")
+        text += f" and {log.counted(len(cached.skills), 'skill')} from the build cache"
+    return text + (f"; building {log.counted(len(cached.rest), 'skill')}" if cached.rest else "")
 
 
 def _runtime_record(config: Config, version: str) -> RuntimeRecord:
@@ -187,6 +205,7 @@ def _validate(staged: Venv, config: Config, *, ran: bool = False) -> str:
     if not ran:
         process.run(python, "-c", "import sys, site", timeout=CHECK_TIMEOUT,
                     what="the new venv's interpreter does not run")
+    _complete(staged)
     if config.ready_check:
         ready_check.run(python, config.ready_check,
                         what="the ready-check failed in the new venv; the old venv is unchanged")
@@ -203,6 +222,20 @@ def _validate(staged: Venv, config: Config, *, ran: bool = False) -> str:
     if version is None:
         raise BootstrapError(f"the new venv at {staged.path} has no readable pyvenv.cfg")
     return version
+
+
+def _complete(staged: Venv) -> None:
+    """Every distribution holds the files its RECORD lists, at their sizes.
+
+    Sizes, not hashes: a new runtime is what uv just wrote, and what goes missing when a
+    write fails is whole files or their tails (a large runtime's ~1,000 files cost ~10 ms).
+    """
+    found = record.damaged(staged.path)
+    if found:
+        raise record.Incomplete(
+            f"the new venv at {staged.path} lacks files its packages installed "
+            f"({record.summary(found)}); the old venv is unchanged. Was the disk full? Free "
+            "space, then run `kernel-bootstrap ensure --retry`")
 
 
 def _head(path: Path, lines: int) -> list[bytes]:

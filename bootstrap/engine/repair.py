@@ -1,10 +1,11 @@
 """``repair``: look deeper than the marker, then fix what is broken.
 
 The marker says what we installed; repair checks that it is still true: the interpreter runs,
-the requirements are satisfied, the ready-check passes, and each Python skill is installed as
-an editable of its configured path and imports. A broken runtime is rebuilt (staged, so a
-failure keeps what there was); a damaged skill is reinstalled. Afterwards the marker is true
-again, so the next ``ensure`` is warm.
+the requirements are satisfied, every installed file is what its distribution's RECORD says
+(``env/record.py``), the ready-check passes, and each Python skill is installed as an editable
+of its configured path and imports. A broken runtime (a damaged runtime package included) is
+rebuilt (staged, so a failure keeps what there was); a damaged skill is reinstalled. Afterwards
+the marker is true again, so the next ``ensure`` is warm.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from bootstrap.engine.ensure import ensure
 from bootstrap.engine.rebuild import CHECK_TIMEOUT
 from bootstrap.engine.results import EnsureResult
 from bootstrap.engine.status import Status, status
+from bootstrap.env import record
 from bootstrap.env.probe import Dist, ProbeResult, probe, requirement_names, unmet_requirements
-from bootstrap.env.requirements import validate_requirements
+from bootstrap.env.requirements import canonical, validate_requirements
 from bootstrap.env.venv import Venv
 from bootstrap.errors import ProcessError
 from bootstrap.primitives import process
@@ -75,16 +77,33 @@ def inspect(config: Config) -> Findings:
         return findings
     findings.runtime += [f"requirement {u}"
                          for u in unmet_requirements(config.requirements, result)]
+    damaged = _damaged_files(config, skills, findings)
     if config.ready_check and not findings.runtime:
         findings.runtime += _ready_check_problem(state.python, config.ready_check)
     for skill in skills:
-        problem = _skill_problem(skill, result)
+        problem = _skill_problem(skill, result) or damaged.get(skill.name)
         if problem:
             findings.skills[skill.name] = problem
     findings.records = _record_problems(state, findings.skills)
     if config.lock is not None and not findings.runtime:
         findings.inexact = exact.inspect(config, state.python, _projects(config)).lines()
     return findings
+
+
+def _damaged_files(config: Config, skills: list[PythonSkill],
+                   findings: Findings) -> dict[str, str]:
+    """Distributions whose files are not what their RECORD says (``rm site-packages/six.py``
+    left the metadata saying "installed"): a runtime package's damage goes to
+    ``findings.runtime`` (a rebuild reinstalls it, staged); a skill's is returned by name."""
+    by_project = {canonical(s.project): s.name for s in skills if s.project}
+    damaged: dict[str, str] = {}
+    for damage in record.damaged(config.venv, hashes=True):
+        skill = by_project.get(damage.name)
+        if skill is None:
+            findings.runtime.append(f"package {damage.describe()}")
+        else:
+            damaged[skill] = f"files damaged: {damage.describe()}"
+    return damaged
 
 
 def _projects(config: Config) -> list[str]:
@@ -161,7 +180,7 @@ def _fix(config: Config, found: Findings, *, force: bool, why: tuple[str, ...],
         # A repair retries every failure now, whether or not it is backing off.
         result = ensure(config, lock_timeout=lock_timeout, force=force,
                         reinstall=frozenset(found.skills), why=why, retry=True)
-    except ProcessError as e:
+    except (ProcessError, record.Incomplete) as e:
         # A failed rebuild kept the old venv (it is staged); say what failed and let the
         # second inspection report what is still wrong.
         what = "rebuild" if force else "fix"

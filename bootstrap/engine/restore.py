@@ -17,7 +17,7 @@ from bootstrap.errors import BootstrapError
 from bootstrap.primitives import log
 from bootstrap.primitives.tar import BadArchive
 from bootstrap.snapshots.cloud import Unavailable
-from bootstrap.snapshots.store import Store, open_store, snapshot_key
+from bootstrap.snapshots.store import Store, offline_bucket, open_store, snapshot_key
 
 if TYPE_CHECKING:
     from bootstrap.snapshots.bucket import BucketStore
@@ -61,6 +61,12 @@ class Plan:
 def plan(config: Config, uv: Uv) -> Plan | None:
     """The snapshot plan for a rebuild of ``config``; None without a store (or a platform)."""
     if config.snapshots is None:
+        return None
+    if offline_bucket(config):
+        # Nothing local mirrors a bucket: the rebuild comes from uv's caches, and nothing is
+        # uploaded after it.
+        log.warning("snapshots skipped: the store is a bucket and offline is set (no network, "
+                    "buckets included); building from the caches", store=str(config.snapshots))
         return None
     try:
         store = open_store(config.snapshots)

@@ -10,6 +10,7 @@ submodule of that name would replace it as the package's attribute once imported
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -18,9 +19,11 @@ from bootstrap.config import Config, Skill
 from bootstrap.env.identity import describe_change, identity_of, runtime_inputs
 from bootstrap.env.marker import MarkerRead, read_marker
 from bootstrap.env.venv import Venv
-from bootstrap.skills.backoff import Failure, from_record, rebuild_failure
+from bootstrap.skills.backoff import Failure, from_record, rebuild_failure, tried_offline
 from bootstrap.skills.python_skill import pyproject_state
-from bootstrap.trees.skillmd import Checked
+from bootstrap.trees.skillmd import SKILL_FILE, Checked
+
+_CLEAN = Checked()
 
 # "failed": not current, and the last rebuild of the runtime the config asks for failed.
 RuntimeState = Literal["current", "stale", "missing", "failed"]
@@ -41,6 +44,8 @@ class SkillStatus:
         return self.failure is not None and self.failure.backing_off
     # Advisory rules of the Agent Skills spec its SKILL.md breaks (it still loads).
     warnings: tuple[str, ...] = ()
+    # Failed because no agent can load its SKILL.md: nothing to retry while that is unchanged.
+    invalid: bool = False
 
 
 @dataclass(frozen=True)
@@ -56,13 +61,20 @@ class Status:
 
     @property
     def settled(self) -> bool:
-        """Nothing to do now: ready, but for skills whose failures are backing off."""
+        """Nothing to do now: ready, but for skills whose failures are backing off and skills
+        whose SKILL.md is invalid (one such skill once made every start cold, taking the lock:
+        no uv call can fix a SKILL.md)."""
         return (self.base_current and not self.stray
-                and all(s.state == "installed" or s.backing_off for s in self.skills))
+                and all(s.state == "installed" or s.backing_off or s.invalid
+                        for s in self.skills))
 
     @property
     def backed_off(self) -> list[SkillStatus]:
         return [s for s in self.skills if s.backing_off]
+
+    @property
+    def invalid(self) -> list[SkillStatus]:
+        return [s for s in self.skills if s.invalid]
 
     @property
     def base_current(self) -> bool:
@@ -78,7 +90,9 @@ class Status:
         return [s.name for s in self.skills if s.state != "installed"]
 
 
-def status(config: Config) -> Status:
+def status(config: Config, *, vouched: frozenset[str] = frozenset()) -> Status:
+    """``vouched``: the SKILL.md files known to break no rule of the spec (see
+    ``ensure._vouched``): those are not parsed, and have no warnings."""
     venv = Venv.at(config.venv)
     marker = read_marker(venv.path)
     runtime, why = _runtime_state(config, marker, venv)
@@ -86,10 +100,12 @@ def status(config: Config) -> Status:
     if rebuild is not None:
         runtime = "failed"
     recorded: dict[str, Any] = marker.data["skills"] if marker.data else {}
-    failed: dict[str, Any] = marker.data["failed"] if marker.data else {}
+    # A failure recorded offline is not this config's if it is online, nor the reverse.
+    failed: dict[str, Any] = {n: r for n, r in (marker.data["failed"] if marker.data else {})
+                              .items() if tried_offline(r) == config.offline}
     # One stat per skill says whether it is a Python skill and, usually, its hash too.
     found = [(s, *_pyproject_state(s)) for s in config.skills]
-    skills = tuple(_skill_status(s, is_python, digest, recorded, failed)
+    skills = tuple(_skill_status(s, is_python, digest, recorded, failed, vouched)
                    for s, is_python, digest in found)
     python_names = {s.name for s, is_python, _ in found if is_python}
     stray = tuple(sorted(n for n in recorded if n not in python_names))
@@ -123,11 +139,12 @@ def _runtime_state(config: Config, marker: MarkerRead,
 
 
 def _skill_status(skill: Skill, is_python: bool, digest: str, recorded: dict[str, Any],
-                  failed: dict[str, Any]) -> SkillStatus:
-    spec = skill.spec
+                  failed: dict[str, Any], vouched: frozenset[str]) -> SkillStatus:
+    vouch = vouched and os.path.join(skill.path, SKILL_FILE) in vouched
+    spec = _CLEAN if vouch else skill.spec
     if spec.errors:  # no agent can load it: failed, whatever is installed
         return SkillStatus(skill.name, is_python, "failed", spec.problem,
-                           warnings=_warnings(spec))
+                           warnings=_warnings(spec), invalid=True)
     state = _install_state(skill, is_python, digest, recorded, failed)
     return replace(state, warnings=_warnings(spec)) if spec.warnings else state
 

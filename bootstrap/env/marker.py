@@ -43,6 +43,8 @@ class FailedRecord(TypedDict):
     # (such a failure counts once and is due), and older readers ignore them.
     failures: NotRequired[int]
     retry_at: NotRequired[float]
+    # True if uv was offline (bootstrap.skills.backoff.tried_as); absent: online.
+    offline: NotRequired[bool]
 
 
 class RuntimeRecord(TypedDict):

@@ -3,11 +3,13 @@
 Two destinations. Used as a library (``from bootstrap import ensure``), events go to the standard
 ``logging`` module under the logger ``kernel_bootstrap`` (structlog's stdlib integration) and
 nothing is written to stderr by us: the host program decides where logs go. The CLI calls
-:func:`configure` and gets its own output: console lines on a TTY (colour unless ``NO_COLOR``),
-JSON lines when stderr is not a TTY or with ``--log-format json``: a kernel launcher or CI keeps
-our stderr in its own log, and one JSON object per line is what such logs can search.
+:func:`configure` and gets its own output: console lines (colour and progress only on a TTY,
+colour unless ``NO_COLOR``), or JSON lines when asked for (``--log-format json``, or
+``KERNEL_BOOTSTRAP_LOG_FORMAT=json`` for every command of a launcher or a CI job). JSON used to
+be the default whenever stderr was not a TTY; but CI logs and ``2> file`` are read by people,
+beside uv's, pip's and pre-commit's human text, so only a log store that searches JSON asks.
 
-The CLI renders its lines itself (one dict, one ``json.dumps``): importing structlog costs
+The CLI renders its lines itself (primitives/logline.py): importing structlog costs
 40-130 ms (it pulls in asyncio), which was a quarter of our own time in a rebuild whose uv work
 takes well under a second. structlog is imported only for library use, and only when something
 is logged.
@@ -17,23 +19,27 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Callable, MutableMapping
 from contextlib import AbstractContextManager, nullcontext
-from typing import IO, Any, Final
+from typing import Any, Final
+
+# The lines themselves: one renderer, which the warm path (bootstrap.warm) uses too.
+from bootstrap.primitives.logline import error_line as error_line
+from bootstrap.primitives.logline import isatty as isatty
+from bootstrap.primitives.logline import render_console as render_console
+from bootstrap.primitives.logline import render_json
+from bootstrap.primitives.logline import use_colour as use_colour
 
 DEBUG: Final = 10
 INFO: Final = 20
 WARNING: Final = 30
 ERROR: Final = 40
 
-# A value longer than this, or holding a newline (a uv error tail), goes on lines of its own.
-_INLINE_MAX: Final = 60
-_PREFIX: Final = {"debug": "debug: ", "info": "", "warning": "warning: ", "error": "error: "}
-_COLOUR: Final = {"debug": "\033[2m", "warning": "\033[33;1m", "error": "\033[31;1m"}
-_DIM: Final = "\033[2m"
-_RESET: Final = "\033[0m"
 # The logger a library user configures (``logging.getLogger("kernel_bootstrap")``).
 LOGGER_NAME: Final = "kernel_bootstrap"
+# ``--log-format``'s value when the option is not given.
+FORMAT_ENV: Final = "KERNEL_BOOTSTRAP_LOG_FORMAT"
+FORMATS: Final = ("console", "json")
 
 _level = INFO
 _fmt: str | None = None
@@ -76,9 +82,21 @@ def enabled(level: int) -> bool:
     return bool(_stdlib_logger().isEnabledFor(level))
 
 
+def format_from_env() -> str | None:
+    """``$KERNEL_BOOTSTRAP_LOG_FORMAT`` (None when unset or empty); ValueError naming it when
+    it is neither format."""
+    value = os.environ.get(FORMAT_ENV, "")
+    if value and value not in FORMATS:
+        raise ValueError(f"{FORMAT_ENV}={value!r}: must be {' or '.join(FORMATS)}")
+    return value or None
+
+
 def is_json() -> bool:
-    """Whether the CLI's log lines are JSON (asked for, or stderr is not a terminal)."""
-    return _fmt == "json" or (_fmt is None and not isatty(sys.stderr))
+    """Whether the CLI's log lines are JSON: only when asked for, by ``--log-format`` or else
+    by the environment; never merely because stderr is not a terminal."""
+    if _fmt is not None:
+        return _fmt == "json"
+    return os.environ.get(FORMAT_ENV) == "json"
 
 
 def on_terminal() -> bool:
@@ -93,25 +111,9 @@ def steps_shown(shown: bool, guard: Callable[[], AbstractContextManager[object]]
     _steps_shown, _guard = shown, guard
 
 
-def error_line(message: str) -> str:
-    """``error: message`` as the CLI prints it, the prefix coloured like a warning's."""
-    prefix = "error:"
-    if use_colour(sys.stderr):
-        prefix = f"{_COLOUR['error']}{prefix}{_RESET}"
-    return f"{prefix} {message}"
-
-
-def use_colour(stream: IO[str]) -> bool:
-    """Colour only for a person: a terminal, ``NO_COLOR`` unset or empty, a capable TERM."""
-    return (isatty(stream) and not os.environ.get("NO_COLOR")
-            and os.environ.get("TERM") != "dumb")
-
-
-def isatty(stream: IO[str]) -> bool:
-    try:
-        return stream.isatty()
-    except (AttributeError, ValueError):  # replaced by an object without it, or closed
-        return False
+def counted(count: int, noun: str) -> str:
+    """``1 requirement``, ``2 requirements``: a message counts in words a person would use."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
 def _stdlib_logger() -> Any:
@@ -169,53 +171,9 @@ class _CliLogger:
         self.write({**kw, "event": event, "level": "error"})
 
     def write(self, fields: dict[str, Any]) -> None:
-        if self.as_json:
-            import datetime
-            import json
-
-            now = datetime.datetime.now(tz=datetime.UTC)
-            fields["timestamp"] = now.isoformat().replace("+00:00", "Z")
-            line = json.dumps(fields, default=str)
-        else:
-            line = render_console(fields, self.colour)
+        line = render_json(fields) if self.as_json else render_console(fields, self.colour)
         sys.stderr.write(line + "\n")
         sys.stderr.flush()
-
-
-def render_console(event_dict: Mapping[str, Any], colour: bool = False) -> str:
-    """One event for a person: ``warning: what happened  key=value``, long values below it.
-
-    uv's error tails are several lines; printed as a quoted repr on one line they would be
-    unreadable, so they go under the event, indented, as uv printed them.
-    """
-    fields = dict(event_dict)
-    level = str(fields.pop("level", "info"))
-    event = str(fields.pop("event", ""))
-    inline: list[str] = []
-    below: list[str] = []
-    for key, value in fields.items():
-        text = _text(value)
-        if "\n" in text or len(text) > _INLINE_MAX:
-            below.append(f"  {key}:")
-            below += [f"    {line}" for line in text.splitlines()]
-        else:
-            inline.append(f"{key}={_quoted(text)}")
-    head = _PREFIX.get(level, f"{level}: ") + event
-    if colour:
-        start = _COLOUR.get(level, "")
-        head = f"{start}{head}{_RESET}" if start else head
-        inline = [f"{_DIM}{item}{_RESET}" for item in inline]
-    return "\n".join([" ".join([head, *inline]) if inline else head, *below])
-
-
-def _quoted(text: str) -> str:
-    return f'"{text}"' if not text or any(c.isspace() for c in text) else text
-
-
-def _text(value: Any) -> str:
-    if isinstance(value, list | tuple | set | frozenset):
-        return ", ".join(str(v) for v in value)
-    return str(value)
 
 
 def _emit(level: int, method: str, event: str, **kw: Any) -> None:

@@ -18,13 +18,15 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
+import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Final, TypeGuard
 
-from bootstrap import fingerprint, warm
+from bootstrap import fingerprint, warm_failures
 from bootstrap.config import Config
 from bootstrap.env.identity import identity_of, runtime_inputs
 from bootstrap.env.marker import FailedRecord
@@ -38,7 +40,9 @@ from bootstrap.warm import now
 
 FIRST_DELAY: Final = 60.0
 LONGEST_DELAY: Final = 3600.0
-RETRY_HINT: Final = "`kernel-bootstrap ensure --retry` retries now"
+# More than any real count (the delay stops growing at 8); keeps a forged one printable.
+MAX_FAILURES: Final = 1_000_000
+RETRY_HINT: Final = warm_failures.RETRY_HINT
 
 
 @dataclass(frozen=True)
@@ -81,33 +85,89 @@ def from_record(record: Mapping[str, object]) -> Failure | None:
 
     A record written before failures backed off has no count and no retry time: it counts once
     and is due now, which is what its writer meant (retried at the next start).
+
+    Every field is untrusted: a ``retry_at`` of ``1e308``, ``Infinity`` or ``NaN`` (valid JSON)
+    once made ``status``, ``ensure`` and ``run`` die with an OverflowError, and one recorded
+    by a clock 30 days ahead (a restored VM, an NTP step back) blocked retries for 30 days.
+    See :func:`_retry_time`; a count is a positive int, at most :data:`MAX_FAILURES`.
     """
     error = record.get("error")
-    if not isinstance(error, str):
+    if not _is_text(error):
         return None
     failures = record.get("failures")
-    retry_at = record.get("retry_at")
     if isinstance(failures, bool) or not isinstance(failures, int) or failures < 1:
         failures = 1
-    if isinstance(retry_at, bool) or not isinstance(retry_at, (int, float)):
-        retry_at = 0.0  # due
-    return Failure(error, failures, float(retry_at))
+    return Failure(error, min(failures, MAX_FAILURES), _retry_time(record.get("retry_at")))
+
+
+def _retry_time(value: object) -> float:
+    """A recorded retry time if it is one this clock could have written, else 0 (due).
+
+    No failure waits longer than :data:`LONGEST_DELAY` from when it was recorded, so a time
+    further ahead than that from now was written by a clock that was ahead (or by no clock of
+    ours), and its wait means nothing. It is due, not capped at now + the longest delay: read
+    again an hour later, that cap would be an hour later too, and would never come. Retried, a
+    failure is recorded again by this clock. Not a number, NaN or negative: due as well."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return 0.0
+    try:
+        when = float(value)
+    except OverflowError:  # an int beyond any float
+        return 0.0
+    if math.isnan(when) or when < 0 or when > now() + LONGEST_DELAY:
+        return 0.0
+    return when
+
+
+def _is_text(value: object) -> TypeGuard[str]:
+    # A lone surrogate other than a path's escapes cannot be printed: `status` would crash.
+    if not isinstance(value, str):
+        return False
+    try:
+        os.fsencode(value)
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 # -- skills ------------------------------------------------------------------------------------
 
-def failure_of(skill: PythonSkill, failed: Mapping[str, FailedRecord]) -> Failure | None:
-    """The skill's recorded failure, if it was recorded for the skill as it is now."""
+def failure_of(skill: PythonSkill, failed: Mapping[str, FailedRecord],
+               offline: bool) -> Failure | None:
+    """The skill's recorded failure, if it was recorded for the skill as it is now, and
+    ``offline`` as it is now (see :func:`tried_as`)."""
     record = failed.get(skill.name)
-    if record is None or (record["path"], record["pyproject"]) != (str(skill.skill.path),
-                                                                    skill.hash):
+    if record is None or not tried_as(record, str(skill.skill.path), skill.hash, offline):
         return None
     return from_record(record)
 
 
+def tried_as(record: Mapping[str, object], path: str, pyproject: str, offline: bool) -> bool:
+    """Whether a skill's failure ``record`` was of these inputs: its path, its pyproject's hash
+    and whether uv was offline (a package no cache held is had online: a failure offline used
+    to back off after ``offline = false``)."""
+    return (record.get("path"), record.get("pyproject"), tried_offline(record)) == (
+        path, pyproject, offline)
+
+
+def tried_offline(record: Mapping[str, object]) -> bool:
+    return record.get("offline") is True  # absent (older records, online ones): online
+
+
+def failed_record(skill: PythonSkill, failure: Failure, offline: bool) -> FailedRecord:
+    """The marker's record of the skill's ``failure``: what was tried (see :func:`tried_as`)
+    and when to retry it."""
+    record: FailedRecord = {"path": str(skill.skill.path), "pyproject": skill.hash,
+                            "error": failure.error, "failures": failure.failures,
+                            "retry_at": failure.retry_at}
+    if offline:  # only then: an online failure's record stays as older readers know it
+        record["offline"] = True
+    return record
+
+
 def held_back(pending: Sequence[PythonSkill], failed: Mapping[str, FailedRecord],
-              reinstall: frozenset[str],
-              by_project: Mapping[str, PythonSkill]) -> dict[str, Failure]:
+              reinstall: frozenset[str], by_project: Mapping[str, PythonSkill],
+              offline: bool) -> dict[str, Failure]:
     """The skills of ``pending`` not to try now (their failures are backing off), with those
     failures.
 
@@ -115,7 +175,7 @@ def held_back(pending: Sequence[PythonSkill], failed: Mapping[str, FailedRecord]
     failure may have been that dependency's ("depends on skill ..., which failed")."""
     by_name = {s.name: s for s in pending}
     held = {s.name: f for s in pending if s.name not in reinstall
-            and (f := failure_of(s, failed)) is not None and f.backing_off}
+            and (f := failure_of(s, failed, offline)) is not None and f.backing_off}
     tried = set(by_name) - set(held)
     while released := [n for n in held if any(
             d.name in tried for d in with_dependencies(by_name[n], by_project)[:-1])]:
@@ -128,7 +188,7 @@ def held_back(pending: Sequence[PythonSkill], failed: Mapping[str, FailedRecord]
 def warn_backed_off(name: str, failure: Failure) -> None:
     """The warning for a skill not tried because its failure is backing off (the warm path
     prints the same event, without the error)."""
-    log.warning(warm.BACKED_OFF, skill=name, failures=failure.failures,
+    log.warning(warm_failures.BACKED_OFF, skill=name, failures=failure.failures,
                 retry_at=iso(failure.retry_at), error=failure.error, hint=RETRY_HINT)
 
 
@@ -136,8 +196,11 @@ def warn_backed_off(name: str, failure: Failure) -> None:
 
 def rebuild_key(config: Config) -> str:
     """What a rebuild asked for: the runtime identity before uv picked the interpreter's
-    version (the venv that would tell it may be the old one, or none)."""
-    return identity_of(runtime_inputs(config, ""))
+    version (the venv that would tell it may be the old one, or none), and whether it was
+    offline: a rebuild that failed offline (a package no cache held) used to back off even
+    after ``offline = false``. Online, the key is the identity alone, as before."""
+    key = identity_of(runtime_inputs(config, ""))
+    return f"{key} offline" if config.offline else key
 
 
 def rebuild_failure(config: Config) -> Failure | None:

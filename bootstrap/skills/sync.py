@@ -94,7 +94,7 @@ class _Sync:
         self.outcome.installed += [s.name for s in group if s.name not in self.outcome.installed]
 
     def fail(self, skill: PythonSkill, error: str) -> None:
-        previous = backoff.failure_of(skill, self.earlier)
+        previous = backoff.failure_of(skill, self.earlier, self.config.offline)
         failure = backoff.after(previous, error)
         log.warning("skill failed to install", skill=skill.name, path=str(skill.skill.path),
                     error=error, failures=failure.failures,
@@ -103,9 +103,7 @@ class _Sync:
                          "its pyproject.toml retries it at once; a repeated failure waits until "
                          "retry_at, unless `kernel-bootstrap ensure --retry` or "
                          "`kernel-bootstrap repair`)")
-        record: FailedRecord = {"path": str(skill.skill.path), "pyproject": skill.hash,
-                                "error": error, "failures": failure.failures,
-                                "retry_at": failure.retry_at}
+        record = backoff.failed_record(skill, failure, self.config.offline)
         self.record(SkillChanges(failed={skill.name: record}))
         self.outcome.failed[skill.name] = error
 
@@ -245,7 +243,7 @@ def sync_skills(config: Config, uv: Uv, runtime: RuntimeRecord,
     pending = [s for s in sync.skills.values() if s.name not in sync.outcome.failed
                and (s.name in reinstall or not _is_recorded(s, recorded))]
     if not retry:
-        held = backoff.held_back(pending, sync.earlier, reinstall, sync.by_project)
+        held = backoff.held_back(pending, sync.earlier, reinstall, sync.by_project, config.offline)
         for name, failure in held.items():
             backoff.warn_backed_off(name, failure)
             sync.outcome.failed[name] = failure.error

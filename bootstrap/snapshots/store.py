@@ -175,6 +175,14 @@ def _pid_dead(name: str) -> bool:
     return pid is not None and not pid_alive(pid)
 
 
+def offline_bucket(config: Config) -> bool:
+    """Whether the store is a bucket that the config's ``offline`` keeps us from contacting:
+    offline means no network at all, buckets included (a fleet set offline once still sent
+    every rebuild's HEAD and upload to its bucket, and waited out the bound where none was)."""
+    offline = config.offline or "--offline" in config.uv_args
+    return offline and isinstance(config.snapshots, Bucket)
+
+
 def open_store(location: Path | Bucket) -> Store | BucketStore:
     """The store at ``location``: a directory, or a bucket (:class:`cloud.Unavailable`
     when the ``cloud`` extra is not installed)."""

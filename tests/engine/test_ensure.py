@@ -380,7 +380,8 @@ def test_a_rebuild_from_the_cli_imports_neither_structlog_nor_packaging(world: W
 
     world.write_config(requirements=["requests>=2", "six"])
     result = subprocess.run([sys.executable, "-X", "importtime", *world.command("ensure")[1:]],
-                            capture_output=True, text=True, env=world.env, check=True)
+                            capture_output=True, text=True, check=True,
+                            env={**world.env, "KERNEL_BOOTSTRAP_LOG_FORMAT": "json"})
     imported = {line.rsplit("|", 1)[1].strip() for line in result.stderr.splitlines()
                 if line.startswith("import time:") and "|" in line}
     events = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]

@@ -145,12 +145,13 @@ def test_a_failing_ready_check_is_found_and_a_rebuild_attempted(world: World) ->
 def test_a_rebuild_for_a_failing_ready_check_logs_why(world: World) -> None:
     # `repair` without --force logged "rebuild from scratch requested" (issue 22).
     world.write_config(requirements=["requests>=2"], ready_check="import six")
-    result = repair(world, "--json")
+    as_json = {"KERNEL_BOOTSTRAP_LOG_FORMAT": "json"}
+    result = repair(world, "--json", env=as_json)
     events = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]
     [building] = [e for e in events if e["event"] == "building the runtime"]
     assert building["why"] == ["the ready-check fails: ModuleNotFoundError: No module named "
                                "'six'"]
-    forced = repair(world, "--force", "--json")
+    forced = repair(world, "--force", "--json", env=as_json)
     [building] = [json.loads(line) for line in forced.stderr.splitlines()
                   if line.startswith("{") and "building the runtime" in line]
     assert building["why"][-1] == "rebuild from scratch requested"
@@ -187,3 +188,57 @@ def test_a_failing_probe_names_its_purpose_not_its_whole_script(tmp_path: Path) 
     message = str(caught.value)
     assert "<probe:" in message and "cannot start" in message
     assert "importlib.metadata" not in message and len(message.splitlines()) < 8
+
+
+# -- files checked against each distribution's RECORD (issue 31, item 8) ---------------------
+
+def test_a_runtime_file_deleted_by_hand_is_found_and_reinstalled(world: World) -> None:
+    """`rm site-packages/six.py`: the metadata still said installed, and repair said healthy.
+    (Deleting a package's __init__.py leaves a namespace package: `import` does not tell.)"""
+    lost = site_packages(world) / "requests" / "__init__.py"
+    lost.unlink()
+    assert world.imports("requests")
+    data = repair_json(world)
+    assert data["found"] == ["package requests 2: requests/__init__.py is missing"]
+    assert data["done"][0].startswith("rebuilt the runtime")
+    assert data["healthy"] is True and data["remaining"] == []
+    assert (site_packages(world) / "requests" / "__init__.py").is_file()
+    assert world.imports("alpha") and world.imports("beta")
+    assert_warm_next(world)
+
+
+def test_a_runtime_file_changed_in_place_is_found_by_its_hash(world: World) -> None:
+    path = site_packages(world) / "requests" / "__init__.py"
+    text = path.read_text()
+    path.write_text(text.replace("2", "3"))  # the same size
+    data = repair_json(world)
+    assert data["found"] == ["package requests 2: requests/__init__.py differs from what was "
+                             "installed"]
+    assert data["healthy"] is True and data["done"][0].startswith("rebuilt the runtime")
+    assert path.read_text() == text  # through <venv>: the new generation's file
+
+
+def test_a_damaged_skill_distribution_is_reinstalled_alone(world: World) -> None:
+    installer = next(site_packages(world).glob("alpha-*.dist-info")) / "INSTALLER"
+    installer.write_text("someone else\n")
+    data = repair_json(world)
+    [found] = data["found"]
+    assert found.startswith("skill alpha: files damaged: alpha 0.1.0: alpha-0.1.0.dist-info/"
+                            "INSTALLER has 13 bytes, its RECORD says ")
+    assert data["done"] == ["reinstalled skill alpha"] and data["healthy"] is True
+    assert world.venv_calls() == [] and installer.read_text() == "uv"
+    assert_warm_next(world)
+
+
+def test_a_rebuild_that_lands_torn_again_is_reported_and_the_old_venv_kept(
+        world: World) -> None:
+    (site_packages(world) / "requests" / "__init__.py").unlink()
+    before = os.readlink(world.venv)
+    result = repair(world, "--json", env={"FAKE_UV_PARTIAL": "requests"})
+    data = json.loads(result.stdout)
+    assert result.returncode == 1
+    [done] = data["done"]
+    assert done.startswith("the rebuild failed, nothing was changed: the new venv at ")
+    assert "(requests 2: requests/__init__.py is missing)" in done
+    assert data["remaining"] == ["package requests 2: requests/__init__.py is missing"]
+    assert os.readlink(world.venv) == before and world.imports("alpha")

@@ -3,12 +3,14 @@ without the lock, uv or a child process. Each case changes one thing another pro
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from bootstrap.config import load_config
 from bootstrap.engine.status import Status, status
+from bootstrap.skills.backoff import iso
 from testing.world import World
 
 
@@ -92,3 +94,77 @@ def test_a_skill_no_longer_configured_is_stray(world: World) -> None:
     world.write_config(requirements=["requests>=2"], skills=["skills/notes"])
     found = _status(world)
     assert found.stray == ("alpha",) and not found.ready
+
+
+# -- what `kernel-bootstrap status` prints (issue 31: hints a person can follow as written) ----
+
+T0 = 2_000_000_000.0  # "now" for these tests, moved with $KERNEL_BOOTSTRAP_TEST_NOW
+
+
+def _at(seconds: float, **env: str) -> dict[str, str]:
+    return {"KERNEL_BOOTSTRAP_TEST_NOW": repr(T0 + seconds), **env}
+
+
+def _text(world: World, seconds: float = 1) -> tuple[int, str, str]:
+    result = world.run("status", env=_at(seconds))
+    return result.returncode, result.stdout, result.stderr
+
+
+def _generation(world: World) -> str:
+    return str(world.venv.parent / os.readlink(world.venv))
+
+
+def _two_skills_one_failing(tmp_path: Path) -> World:
+    world = World(tmp_path)
+    world.skill("alpha")
+    world.skill("beta")
+    for _ in range(2):  # the second failure backs off for a minute
+        world.ensure(env=_at(0, FAKE_UV_FAIL="beta"))
+    return world
+
+
+def test_status_during_a_skill_back_off_says_to_retry(tmp_path: Path) -> None:
+    # It said `kernel-bootstrap ensure`, which does not retry a skill backing off.
+    world = _two_skills_one_failing(tmp_path)
+    assert _text(world) == (1, "\n".join([
+        f"venv:    {world.venv}",
+        f"python:  {world.python}",
+        "marker:  ok",
+        "runtime: current",
+        "lock:    free",
+        "skills:",
+        "  alpha  installed  python",
+        "  beta   failed     python  cause: fake build failure for beta (FAKE_UV_FAIL) "
+        f"(2 times; next try after {iso(T0 + 60)})",
+        f"generation: {_generation(world)}",
+        "ready:   no; run `kernel-bootstrap repair` after fixing the failed skills, or "
+        "`kernel-bootstrap ensure --retry`", ""]), "")
+
+
+def test_status_of_a_failed_rebuild_backing_off_has_no_stray_backtick(tmp_path: Path) -> None:
+    world = _two_skills_one_failing(tmp_path)
+    world.write_config(requirements=["requests"])
+    for _ in range(2):
+        assert world.run("ensure", env=_at(0, FAKE_UV_FAIL="requests")).returncode == 1
+    code, stdout, _ = _text(world)
+    assert code == 1
+    assert stdout.splitlines()[-1] == ("ready:   no; run `kernel-bootstrap ensure --retry` after "
+                                       "fixing what made the rebuild fail")
+
+
+def test_status_lists_a_skill_no_longer_configured_under_its_heading(tmp_path: Path) -> None:
+    world = World(tmp_path)
+    world.skill("greeter")
+    world.ensure()
+    world.write_config(skills=[])
+    assert _text(world) == (1, f"""\
+venv:    {world.venv}
+python:  {world.python}
+marker:  ok
+runtime: current
+lock:    free
+skills:
+  greeter  recorded but no longer configured (ensure uninstalls it)
+generation: {_generation(world)}
+ready:   no; run `kernel-bootstrap ensure`
+""", "")

@@ -225,3 +225,13 @@ def test_the_snapshot_key_changes_with_the_lock(world: World) -> None:
     relock(world, "--upgrade", env={"FAKE_UV_LATEST": "six=1.17.0"})
     assert world.status()["snapshot"]["key"] != first
     assert os.path.isdir(world.root / "snaps")
+
+
+def test_lock_counts_one_pin_in_the_singular(world: World) -> None:
+    world.write_config(requirements=["six"], lock="requirements.lock")
+    written = world.run("lock")
+    assert (written.returncode, written.stdout) == (
+        0, f"{lock_file(world)}: written (1 pinned package, requirements.txt)\n")
+    unchanged = world.run("lock")
+    assert (unchanged.returncode, unchanged.stdout) == (
+        0, f"{lock_file(world)}: unchanged (the inputs are unchanged; 1 pinned package)\n")

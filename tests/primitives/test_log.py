@@ -1,9 +1,11 @@
-"""Logs and progress: JSON lines for a pipe, readable lines for a person, silence when warm."""
+"""Logs and progress: readable lines by default (colour and progress for a person at a terminal),
+JSON lines when asked for, silence when warm."""
 
 from __future__ import annotations
 
 import io
 import json
+import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
@@ -33,8 +35,28 @@ def json_lines(stderr: str) -> list[dict[str, object]]:
     return [json.loads(line) for line in lines]
 
 
-def test_a_cold_ensure_on_a_pipe_logs_one_json_object_per_line(world: World) -> None:
-    events = json_lines(world.ensure().stderr)
+# Asks for JSON lines the way a CI job or a launcher does, for every command at once.
+JSON_ENV = {"KERNEL_BOOTSTRAP_LOG_FORMAT": "json"}
+
+
+def test_a_cold_ensure_on_a_pipe_logs_readable_lines_without_colour(world: World) -> None:
+    # JSON lines on every pipe put them beside uv's, pip's and pre-commit's text in CI logs
+    # and `2> file` (issue 31): a pipe gets the console lines, without colour or progress.
+    env = {k: v for k, v in world.env.items() if k not in ("NO_COLOR", "TERM")}
+    result = subprocess.run(world.command("ensure"), capture_output=True, text=True,
+                            env={**env, "TERM": "xterm"}, check=True)
+    lines = result.stderr.splitlines()
+    assert lines[0].startswith("building the runtime")
+    assert "installing the runtime requirements=requests>=2" in lines
+    assert 'installing skills count=2 skills="alpha, beta"' in lines
+    assert ANSI not in result.stderr and "\r" not in result.stderr
+    for line in result.stderr.splitlines():
+        with pytest.raises(ValueError):
+            json.loads(line)
+
+
+def test_the_environment_asks_for_one_json_object_per_line(world: World) -> None:
+    events = json_lines(world.ensure(env=JSON_ENV).stderr)
     assert all({"event", "level", "timestamp"} <= set(e) for e in events)
     names = [e["event"] for e in events]
     assert "building the runtime" in names and "installing skills" in names
@@ -61,7 +83,7 @@ def test_log_format_json_wins_on_a_terminal(world: World) -> None:
 def test_quiet_silences_info_and_verbose_adds_debug(world: World) -> None:
     assert world.ensure("-q").stderr == ""
     world.skill("gamma")
-    events = json_lines(world.ensure("-v").stderr)
+    events = json_lines(world.ensure("-v", env=JSON_ENV).stderr)
     assert any(e["level"] == "debug" and e["event"] == "uv" for e in events)
 
 
@@ -69,7 +91,7 @@ def test_quiet_still_shows_a_failed_skill(world: World) -> None:
     world.skill("gamma")
     world.ensure()
     world.skill("gamma", version="0.2.0")
-    result = world.ensure("-q", env={"FAKE_UV_FAIL": "gamma"})
+    result = world.ensure("-q", env={"FAKE_UV_FAIL": "gamma", **JSON_ENV})
     events = json_lines(result.stderr)
     assert {e["level"] for e in events} == {"warning"}
     assert any(e.get("skill") == "gamma" for e in events)
@@ -120,15 +142,36 @@ def test_colour_marks_the_level_and_dims_the_fields() -> None:
     assert line.startswith("\033[33;1mwarning: e\033[0m") and "\033[2mk=v\033[0m" in line
 
 
-def test_is_json_follows_the_format_flag_and_the_terminal(monkeypatch: pytest.MonkeyPatch,
-                                                          ) -> None:
+def test_is_json_only_when_asked_for_by_the_flag_or_the_environment(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     with monkeypatch.context() as patch:
-        patch.setattr(sys, "stderr", io.StringIO())
+        patch.setattr(sys, "stderr", io.StringIO())  # not a terminal
+        patch.delenv("KERNEL_BOOTSTRAP_LOG_FORMAT", raising=False)
+        log.configure(0, None)
+        assert not log.is_json()
+        log.configure(0, "json")
+        assert log.is_json()
+        patch.setenv("KERNEL_BOOTSTRAP_LOG_FORMAT", "json")
         log.configure(0, None)
         assert log.is_json()
-        log.configure(0, "console")
+        log.configure(0, "console")  # the flag wins over the environment
         assert not log.is_json()
     log.configure()
+
+
+def test_the_flag_wins_over_the_environment_on_a_pipe(world: World) -> None:
+    stderr = world.ensure("--log-format", "console", env=JSON_ENV).stderr
+    assert "building the runtime" in stderr and not stderr.startswith("{")
+
+
+@pytest.mark.parametrize("warm", [False, True])
+def test_an_unknown_log_format_in_the_environment_is_a_usage_error(world: World,
+                                                                   warm: bool) -> None:
+    if warm:
+        world.ensure()  # the warm path must refuse it too, not answer "ready"
+    result = world.run("ensure", env={"KERNEL_BOOTSTRAP_LOG_FORMAT": "yaml"})
+    assert (result.returncode, result.stdout, result.stderr) == (
+        2, "", "error: KERNEL_BOOTSTRAP_LOG_FORMAT='yaml': must be console or json\n")
 
 
 PROGRESS_SCRIPT = """
@@ -309,3 +352,16 @@ def test_log_lines_follow_stderr_when_the_host_swaps_and_closes_it(
     log.warning("second", n=2)
     log.configure()
     assert json.loads(second.getvalue())["event"] == "second"
+
+
+def test_a_step_counts_one_thing_in_the_singular(tmp_path: Path) -> None:
+    world = World(tmp_path)
+    world.skill("alpha")
+    world.write_config(requirements=["requests>=2"])
+    code, _, stderr = run_with_tty_stderr(world.command("ensure"),
+                                          {**world.env, "NO_COLOR": "1"})
+    assert code == 0, stderr
+    steps = [line.rsplit(" (", 1)[0] for line in screen(stderr) if line.startswith("[")]
+    assert steps == ["[1/4] creating the venv",
+                     "[2/4] installing the runtime (1 requirement); building 1 skill",
+                     "[3/4] checking the new venv", "[4/4] installing 1 skill"]

@@ -81,7 +81,7 @@ def test_a_repeated_failure_is_not_retried_before_its_time_and_the_start_is_warm
     # Due: retried, and failing again it waits twice as long.
     world.ensure(env=at(60, **BROKEN))
     assert [c.editables for c in world.installs()] == [["beta"]]
-    assert _skill(world, "beta")["retry_at"] == backoff.iso(T0 + 60 + 120)
+    assert _skill(world, "beta", **at(60))["retry_at"] == backoff.iso(T0 + 60 + 120)
     world.clear_log()
     world.ensure(env=at(60 + 119, **BROKEN))
     assert world.uv_calls() == []
