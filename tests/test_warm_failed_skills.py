@@ -16,14 +16,10 @@ import pytest
 
 from bootstrap import warm
 from bootstrap.primitives import lock
+from testing.clock import at
 from testing.world import World
 
-T0 = time.time() + 10 * 86400  # "now" for the backoff cases: never the real clock's
 NO_FRONT_MATTER = "# broken\n\nNo front matter at all.\n"
-
-
-def at(seconds: float, **env: str) -> dict[str, str]:
-    return {"KERNEL_BOOTSTRAP_TEST_NOW": repr(T0 + seconds), **env}
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import reprlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, Literal, NotRequired, TypedDict
+from typing import Any, Final, Literal, NotRequired, TypedDict, TypeGuard
 
 from bootstrap.env.identity import SCHEMA
 from bootstrap.primitives.atomic import DiskError, write_atomic
@@ -168,10 +168,11 @@ def _short(value: object) -> str:
 
 
 def _all_str(obj: dict[str, Any], keys: tuple[str, ...]) -> bool:
-    return all(_is_text(obj.get(k)) for k in keys)
+    return all(is_text(obj.get(k)) for k in keys)
 
 
-def _is_text(value: object) -> bool:
+def is_text(value: object) -> TypeGuard[str]:
+    """A string ``status`` can print (every text field of our state files must be one)."""
     # Our strings are paths (a non-UTF-8 name holds surrogate escapes, which encode) and uv's
     # output decoded with errors="replace". A lone surrogate of any other kind is not ours, and
     # `status` printing it would crash (found by fuzzing).

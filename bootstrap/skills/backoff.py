@@ -19,17 +19,16 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final, TypeGuard
+from typing import Final
 
 from bootstrap import fingerprint, warm_failures
 from bootstrap.config import Config
 from bootstrap.env.identity import identity_of, runtime_inputs
-from bootstrap.env.marker import FailedRecord
+from bootstrap.env.marker import FailedRecord, is_text
 from bootstrap.env.venv import interpreter, rebuild_record
 from bootstrap.errors import BootstrapError
 from bootstrap.primitives import log
@@ -92,7 +91,7 @@ def from_record(record: Mapping[str, object]) -> Failure | None:
     See :func:`_retry_time`; a count is a positive int, at most :data:`MAX_FAILURES`.
     """
     error = record.get("error")
-    if not _is_text(error):
+    if not is_text(error):
         return None
     failures = record.get("failures")
     if isinstance(failures, bool) or not isinstance(failures, int) or failures < 1:
@@ -117,17 +116,6 @@ def _retry_time(value: object) -> float:
     if math.isnan(when) or when < 0 or when > now() + LONGEST_DELAY:
         return 0.0
     return when
-
-
-def _is_text(value: object) -> TypeGuard[str]:
-    # A lone surrogate other than a path's escapes cannot be printed: `status` would crash.
-    if not isinstance(value, str):
-        return False
-    try:
-        os.fsencode(value)
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 # -- skills ------------------------------------------------------------------------------------

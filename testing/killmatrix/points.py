@@ -144,7 +144,6 @@ POINTS = [
     Point("cold", "final write (before replace)", "ok", 0, seam=final_write),
     Point("cold", "final write (after replace)", "ok", 0, seam=final_write, when="after"),
     Point("cold", "warm fingerprint", "ok", 0, seam=warm_fingerprint),
-    # a staged rebuild: the old venv serves until the exchange
     # a rebuild into a new generation: the old one serves until the flip, and stays after it
     Point("rebuild", "inside `uv venv` (new generation)", "ok", 1,
           env={"KB_HANG_AFTER_VENV": "1"}, reached=hang_flag),

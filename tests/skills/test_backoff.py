@@ -7,23 +7,16 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from bootstrap import warm
 from bootstrap.skills import backoff
+from testing.clock import T0, at
 from testing.processes import spawn
 from testing.seams import Seam, seam_argv, seam_env
 from testing.world import World
-
-T0 = time.time() + 10 * 86400  # "now" for these tests: never the real clock's
-
-
-def at(seconds: float, **env: str) -> dict[str, str]:
-    return {"KERNEL_BOOTSTRAP_TEST_NOW": repr(T0 + seconds), **env}
-
 
 BROKEN = {"FAKE_UV_FAIL": "beta"}
 

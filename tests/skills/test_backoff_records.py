@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -16,14 +15,10 @@ from hypothesis import strategies as st
 
 from bootstrap import warm
 from bootstrap.skills import backoff
+from testing.clock import T0, at
 from testing.world import World
 
-T0 = time.time() + 10 * 86400  # "now" for these tests: never the real clock's
 DAY = 86400.0
-
-
-def at(seconds: float, **env: str) -> dict[str, str]:
-    return {"KERNEL_BOOTSTRAP_TEST_NOW": repr(T0 + seconds), **env}
 
 
 @pytest.fixture
