@@ -15,7 +15,9 @@
                     reuses the editables it built before) online, goal <= 0.4x, bar <= 0.7x;
                     and vs uv alone with ``--offline`` (the floor), goal <= 1.3x. Then a table
                     of where the time goes, phase by phase (``bench_phases.py``).
-                    ``--code DIR`` runs ours from another copy of the package (before/after).
+                    ``--code DIR`` runs ours from another copy of the package; ``--before
+                    DIR`` adds ours from that copy as one more variant of the same rounds
+                    (before/after in one interleaved run, phases too).
 - ``backoff-warm``  a warm ``ensure`` whose one skill keeps failing (its dependency exists on
                     no index), inside the failure's backoff window, vs ``python -c pass`` and vs
                     a warm ``ensure`` with no failure; goal <= 1.1x ``python -c pass``.
@@ -116,16 +118,28 @@ def fig_offline_cold(ws: Workspace, rounds: int, out: Results) -> None:
                                 offline / online <= 1.5))
 
 
-def fig_locked_new(ws: Workspace, rounds: int, out: Results, code: Path | None) -> None:
+OURS = "`kernel-bootstrap ensure`, new venv, locked runtime, online"
+BEFORE = "the same, before (`--before`)"
+
+
+def _code_env(env: dict[str, str], code: Path | None) -> dict[str, str]:
+    return {**env, "PYTHONPATH": str(code)} if code else env
+
+
+def fig_locked_new(ws: Workspace, rounds: int, out: Results, code: Path | None,
+                   before: Path | None = None) -> None:
     world = make_world(ws, "locked-new", LOCKED_SKILLS)
     # Both sides run the real uv (no logging shim): the shim's bash start on each of ours
     # three calls would count against ours alone.
     env = {**_online_env(), "KERNEL_BOOTSTRAP_UV": str(ws.uv)}
-    ours_env = {**env, "PYTHONPATH": str(code)} if code else env
+    ours_env = _code_env(env, code)
     with world.config.open("a", encoding="utf-8") as f:
         f.write('lock = "pylock.toml"\n')
     check([BIN / "kernel-bootstrap", "lock", "--config", world.config], ours_env)
     check(ours_argv(world), ours_env)  # fills the build cache with the skills' wheels
+    if before is not None:  # one cold run each compiles that copy's bytecode
+        remove_venv(world.venv)
+        check(ours_argv(world), _code_env(env, before))
     uv_venv = world.dir / "venv-uv"
     skills_file = skills_only_file(world)
 
@@ -136,10 +150,10 @@ def fig_locked_new(ws: Workspace, rounds: int, out: Results, code: Path | None) 
 
     check(uv_alone(False), env)  # uv's cache now holds the skills' editable builds too
 
-    def ours() -> Timing:
+    def ours(code_env: dict[str, str] = ours_env) -> Timing:
         remove_venv(world.venv)
         os.sync()
-        return run_timed(ours_argv(world), ours_env)
+        return run_timed(ours_argv(world), code_env)
 
     def uv(offline: bool, skills: bool = True) -> Timing:
         rmtree(uv_venv)
@@ -147,7 +161,8 @@ def fig_locked_new(ws: Workspace, rounds: int, out: Results, code: Path | None) 
         return run_timed(uv_alone(offline, skills), env)
 
     variants: dict[str, Callable[[], Timing]] = {
-        "`kernel-bootstrap ensure`, new venv, locked runtime, online": ours,
+        OURS: ours,
+        **({BEFORE: functools.partial(ours, _code_env(env, before))} if before else {}),
         "uv alone, online": functools.partial(uv, False),
         "uv alone, `--offline` (the floor)": functools.partial(uv, True),
         "uv alone, `--offline`, the locked runtime only (no skills)": functools.partial(
@@ -155,7 +170,8 @@ def fig_locked_new(ws: Workspace, rounds: int, out: Results, code: Path | None) 
     }
     timings = interleave(variants, rounds)
     times = {name: [t.wall for t in got] for name, got in timings.items()}
-    ours_s, online, offline, _ = (median(t) for t in times.values())
+    ours_s, online, offline = (median(times[n]) for n in (
+        OURS, "uv alone, online", "uv alone, `--offline` (the floor)"))
     offline_cpu = median(t.cpu for t in timings["uv alone, `--offline` (the floor)"])
     rows = [[name, secs(median(t)), "-".join(map(secs, quartiles(t))),
              ratio(median(t), online), ratio(median(t), offline),
@@ -173,7 +189,8 @@ def fig_locked_new(ws: Workspace, rounds: int, out: Results, code: Path | None) 
          "the runtime alone costs uv offline. CPU: user + system seconds of the whole "
          "process tree, which neighbours' load moves far less than wall time."])]
     phases_table(ws, world, rounds, out, (ours_env, env),
-                 lambda shim: uv_alone(True, uv=shim), uv_venv)
+                 lambda shim: uv_alone(True, uv=shim), uv_venv,
+                 _code_env(env, before) if before else None)
     out.verdicts.append(Verdict("new venv, locked runtime + cached skills, vs uv alone online",
                                 "<= 0.4x (bar 0.7x)",
                                 f"{ours_s / online:.2f}x ({secs(ours_s)} vs {secs(online)} s)",
@@ -185,18 +202,20 @@ def fig_locked_new(ws: Workspace, rounds: int, out: Results, code: Path | None) 
 
 def phases_table(ws: Workspace, world: World, rounds: int, out: Results,
                  envs: tuple[dict[str, str], dict[str, str]],
-                 uv_alone: Callable[[Path], list[str]], uv_venv: Path) -> None:
+                 uv_alone: Callable[[Path], list[str]], uv_venv: Path,
+                 before_env: dict[str, str] | None = None) -> None:
     """Where the time goes: extra interleaved rounds of ours (``-v --log-format json``) and of
-    uv alone ``--offline``, each uv call through a shim that stamps its start and end."""
+    uv alone ``--offline``, each uv call through a shim that stamps its start and end;
+    ``before_env``: ours from another copy too."""
     shim, log = bench_phases.timing_shim(ws.root / "bin", ws.uv)
     ours_env, env = envs
     ours_env = {**ours_env, "KERNEL_BOOTSTRAP_UV": str(shim)}
     argv = [*ours_argv(world), "-v", "--log-format", "json"]
 
-    def ours() -> dict[str, float]:
+    def ours(code_env: dict[str, str] = ours_env) -> dict[str, float]:
         remove_venv(world.venv)
         os.sync()
-        return bench_phases.ours_phases(*bench_phases.run_logged(argv, ours_env, log))
+        return bench_phases.ours_phases(*bench_phases.run_logged(argv, code_env, log))
 
     def uv() -> dict[str, float]:
         rmtree(uv_venv)
@@ -204,13 +223,19 @@ def phases_table(ws: Workspace, world: World, rounds: int, out: Results,
         start, end, spans, _ = bench_phases.run_logged(uv_alone(shim), env, log)
         return bench_phases.uv_alone_phases(start, end, spans)
 
-    found = interleave({"ours": ours, "uv": uv}, rounds)
+    variants: dict[str, Callable[[], dict[str, float]]] = {"ours": ours, "uv": uv}
+    columns = ["phase", "ours, median ms", "uv alone --offline, median ms"]
+    if before_env is not None:
+        variants["before"] = functools.partial(ours, {**before_env,
+                                                      "KERNEL_BOOTSTRAP_UV": str(shim)})
+        columns.insert(1, "ours before, median ms")
+    found = interleave(variants, rounds)
     names = list(found["ours"][0])
-    rows = [[name, ms(median(r[name] for r in found["ours"])),
-             ms(median(r[name] for r in found["uv"]))] for name in names]
+    order = ["before", "ours", "uv"] if before_env is not None else ["ours", "uv"]
+    rows = [[name, *(ms(median(r[name] for r in found[v])) for v in order)]
+            for name in names]
     out.tables["locked-new"].append(Table(
-        "Where the time goes: the locked rebuild, phase by phase",
-        ["phase", "ours, median ms", "uv alone --offline, median ms"], rows,
+        "Where the time goes: the locked rebuild, phase by phase", columns, rows,
         [f"Median of {rounds} more interleaved rounds, not the timed ones: every uv call goes "
          "through a bash shim stamping its start and end, and ours runs with `-v --log-format "
          "json` (its `runtime ready` event ends the flip). Each phase's median is taken on "
@@ -271,6 +296,9 @@ def main() -> int:
     parser.add_argument("--code", type=Path, default=None,
                         help="locked-new: run ours from the bootstrap package in this directory "
                              "(PYTHONPATH), e.g. a copy of the code before a change")
+    parser.add_argument("--before", type=Path, default=None,
+                        help="locked-new: also run ours from the bootstrap package in this "
+                             "directory, as one more variant of the same interleaved rounds")
     args = parser.parse_args()
     only = args.only.split(",")
     root = Path(tempfile.mkdtemp(prefix="kb-bench-hostile-"))
@@ -282,7 +310,7 @@ def main() -> int:
         if "offline-cold" in only:
             fig_offline_cold(ws, args.rounds or 9, out)
         if "locked-new" in only:
-            fig_locked_new(ws, args.rounds or 9, out, args.code)
+            fig_locked_new(ws, args.rounds or 9, out, args.code, args.before)
         if "backoff-warm" in only:
             fig_backoff_warm(ws, args.rounds or 31, out)
         print("\n".join(machine(ws.uv)))

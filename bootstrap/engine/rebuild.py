@@ -63,12 +63,16 @@ def rebuild(config: Config, uv: Uv, snapshots: restore.Plan | None = None, *,
         elif config.requirements:
             skills = _install_runtime(config, uv, staged, with_skills)
         progress.step("checking the new venv")
+        # The RECORD check runs while the pin is installed (see record.checking); both are
+        # done before validation's other checks, and all before the base marker.
+        complete = record.checking(staged.path)
         generations.prepare(staged.path)
+        found = complete()
         # uv cannot install into an interpreter without running it (it asks the interpreter
         # for its paths and markers): after the requirements landed, the bare "does it run"
         # child would only repeat that (15-60 ms, by load). A locked install runs it as well.
         ran = config.lock is not None or bool(config.requirements)
-        runtime = _runtime_record(config, _validate(staged, config, ran=ran))
+        runtime = _runtime_record(config, _validate(staged, config, ran=ran, found=found))
         # The base marker lands with the venv: a session killed during the skill sync leaves
         # a marker that says "runtime done", so the next one never rebuilds it.
         write_marker(staged.path, base_marker(runtime, skills))
@@ -196,16 +200,18 @@ def _refuse_foreign_directory(live: Path) -> None:
         raise ConfigError(f"{live} exists and is not a directory; point `venv` elsewhere")
 
 
-def _validate(staged: Venv, config: Config, *, ran: bool = False) -> str:
-    """The staged venv's interpreter runs (``ran``: uv has just run it), the ready-check
-    passes, scripts are relocatable."""
+def _validate(staged: Venv, config: Config, *, ran: bool = False,
+              found: list[record.Damage] | None = None) -> str:
+    """The staged venv's interpreter runs (``ran``: uv has just run it), its distributions
+    are complete (``found``: what a RECORD check already found), the ready-check passes,
+    scripts are relocatable."""
     python = staged.python
     # Bounded: we hold the lock, and a ready-check that never returns must not wedge every
     # later start behind us (the system we replace hung kernels for 17 minutes).
     if not ran:
         process.run(python, "-c", "import sys, site", timeout=CHECK_TIMEOUT,
                     what="the new venv's interpreter does not run")
-    _complete(staged)
+    _complete(staged, record.damaged(staged.path) if found is None else found)
     if config.ready_check:
         ready_check.run(python, config.ready_check,
                         what="the ready-check failed in the new venv; the old venv is unchanged")
@@ -224,13 +230,13 @@ def _validate(staged: Venv, config: Config, *, ran: bool = False) -> str:
     return version
 
 
-def _complete(staged: Venv) -> None:
-    """Every distribution holds the files its RECORD lists, at their sizes.
+def _complete(staged: Venv, found: list[record.Damage]) -> None:
+    """Every distribution holds the files its RECORD lists, at their sizes (``found``: the
+    ones that do not).
 
     Sizes, not hashes: a new runtime is what uv just wrote, and what goes missing when a
     write fails is whole files or their tails (a large runtime's ~1,000 files cost ~10 ms).
     """
-    found = record.damaged(staged.path)
     if found:
         raise record.Incomplete(
             f"the new venv at {staged.path} lacks files its packages installed "

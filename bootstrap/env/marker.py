@@ -192,17 +192,18 @@ def base_marker(runtime: RuntimeRecord,
             "updated": time.time()}
 
 
-def write_marker(venv: Path, data: MarkerData) -> None:
+def write_marker(venv: Path, data: MarkerData, *, sync_dir: bool = True) -> None:
     """Replace the marker atomically; a failure is a DiskError that says what to do.
 
     Whatever fails (a full disk, EIO, a denied replace), the marker on disk is the previous
-    one, whole, or the new one: what was recorded before is never lost.
+    one, whole, or the new one: what was recorded before is never lost. ``sync_dir=False``:
+    a power loss may undo this write (never an earlier one), as for ``atomic.write_atomic``.
     """
     data["updated"] = time.time()
     blob = json.dumps(data, indent=1, sort_keys=True).encode() + b"\n"
     path = marker_path(venv)
     try:
-        write_atomic(path, blob)
+        write_atomic(path, blob, sync_dir=sync_dir)
     except OSError as e:
         raise DiskError(
             f"could not write the marker {path}: {e.strerror or e}. Nothing it recorded "
@@ -232,7 +233,11 @@ def note_attempt(venv: Path, identity: str, skills: list[str], first: bool) -> N
     if data is not None:  # no marker of this runtime: the next write is a base marker anyway
         data["attempt"] = {"skills": skills, "first": first, "pid": os.getpid(),
                            "started": time.time()}
-        write_marker(venv, data)
+        # Its rename is left unsynced: the attempt is for a session killed inside uv, whose
+        # written pages the kernel keeps. A power loss may undo the note only (the marker
+        # before it was synced, bytes and rename), as if the power had failed just before it;
+        # the next write of the marker syncs the directory, and with it this rename.
+        write_marker(venv, data, sync_dir=False)
 
 
 def clear_attempt(venv: Path, identity: str) -> None:

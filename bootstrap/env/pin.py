@@ -52,6 +52,7 @@ from typing import Final
 
 from bootstrap.primitives import process
 from bootstrap.primitives.atomic import write_atomic
+from bootstrap.primitives.fs import fsync_dir, write_file
 
 PIN_NAME: Final = "000-kernel-bootstrap-pin.pth"
 MODULE: Final = "_kernel_bootstrap_pin"
@@ -223,18 +224,31 @@ def install(generation: Path, site_packages: list[Path], python: Path) -> None:
     module and the ``.pth`` in each of its site-packages directories (durable: the base marker
     written after them says the generation is complete), the module's bytecode compiled by the
     generation's own interpreter (the cache tag is its version's, not ours)."""
-    in_use = generation / IN_USE
-    if not in_use.exists():
-        write_atomic(in_use, b"")
+    _in_use(generation / IN_USE)
     for directory in site_packages:
         if directory.is_dir():
             module = directory / f"{MODULE}.py"
-            write_atomic(module, module_source())
+            # The .pth's write below syncs this directory, the module's rename included; the
+            # .pth, which names the module, lands after it.
+            write_atomic(module, module_source(), sync_dir=False)
             source = module.relative_to(generation).as_posix()
             pyc = _compiled(python, module)
             relative = pyc.relative_to(generation).as_posix() \
                 if pyc is not None and pyc.is_relative_to(generation) else source
             write_atomic(directory / PIN_NAME, pth_line(source, relative))
+
+
+def _in_use(path: Path) -> None:
+    """The empty ``.in-use`` file, durable. Created in place: an empty file has no bytes a
+    reader could see half-written, and no data a power loss could lose, so only its
+    directory entry is synced (one fsync, where a temp file and a rename took two)."""
+    if path.exists():
+        return
+    try:
+        write_file(path, b"", exclusive=True)
+    except FileExistsError:
+        return
+    fsync_dir(path.parent)
 
 
 def _compiled(python: Path, module: Path) -> Path | None:

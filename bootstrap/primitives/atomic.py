@@ -69,13 +69,17 @@ def writing(path: Path, *, durable: bool = True) -> Iterator[BinaryIO]:
 
 
 def write_atomic(path: Path, data: bytes, *, attempts: int = WRITE_ATTEMPTS,
-                 durable: bool = True) -> None:
+                 durable: bool = True, sync_dir: bool = True) -> None:
     """Replace ``path`` with ``data``: temp file beside it, fsync, ``os.replace``, fsync dir.
 
     Writing in place would leave a truncated file if we were killed mid-write (the marker of a
     SIGKILLed session must stay valid). The replace is retried because on Windows it fails while
     a reader holds the file open; if every attempt fails the temp file is removed, ``path`` keeps
     its previous bytes, and the last error is raised. ``durable`` as for :func:`writing`.
+    ``sync_dir=False`` (with ``durable``) leaves the directory's fsync to the caller: for
+    several files of one directory, one fsync after the last rename makes every rename before
+    it durable. Until then a power loss leaves the old bytes or the new (the file's are synced
+    before its rename), so nothing that depends on the new bytes may be written before it.
     """
     tmp = temp_name(path)
     try:
@@ -94,7 +98,7 @@ def write_atomic(path: Path, data: bytes, *, attempts: int = WRITE_ATTEMPTS,
     finally:
         if tmp.exists():
             _unlink_quietly(tmp)
-    if not durable:
+    if not (durable and sync_dir):
         return
     try:
         fsync_dir(path.parent)
