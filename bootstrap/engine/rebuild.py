@@ -62,17 +62,7 @@ def rebuild(config: Config, uv: Uv, snapshots: restore.Plan | None = None, *,
             pins.install_locked(uv, staged.python, config.lock)
         elif config.requirements:
             skills = _install_runtime(config, uv, staged, with_skills)
-        progress.step("checking the new venv")
-        # The RECORD check runs while the pin is installed (see record.checking); both are
-        # done before validation's other checks, and all before the base marker.
-        complete = record.checking(staged.path)
-        generations.prepare(staged.path)
-        found = complete()
-        # uv cannot install into an interpreter without running it (it asks the interpreter
-        # for its paths and markers): after the requirements landed, the bare "does it run"
-        # child would only repeat that (15-60 ms, by load). A locked install runs it as well.
-        ran = config.lock is not None or bool(config.requirements)
-        runtime = _runtime_record(config, _validate(staged, config, ran=ran, found=found))
+        runtime = _checked(config, staged)
         # The base marker lands with the venv: a session killed during the skill sync leaves
         # a marker that says "runtime done", so the next one never rebuilds it.
         write_marker(staged.path, base_marker(runtime, skills))
@@ -80,6 +70,21 @@ def rebuild(config: Config, uv: Uv, snapshots: restore.Plan | None = None, *,
     generations.remove_unused(live)
     log.info("runtime ready", venv=str(live), swap=method)
     return runtime, False, sorted(skills)
+
+
+def _checked(config: Config, staged: Venv) -> RuntimeRecord:
+    """The built generation pinned and validated: the runtime record its base marker gets."""
+    progress.step("checking the new venv")
+    # The RECORD check runs while the pin is installed (see record.checking); both are done
+    # before validation's other checks, and all before the base marker.
+    complete = record.checking(staged.path)
+    generations.prepare(staged.path)
+    found = complete()
+    # uv cannot install into an interpreter without running it (it asks the interpreter for
+    # its paths and markers): after the requirements landed, the bare "does it run" child
+    # would only repeat that (15-60 ms, by load). A locked install runs it as well.
+    ran = config.lock is not None or bool(config.requirements)
+    return _runtime_record(config, _validate(staged, config, ran=ran, found=found))
 
 
 def _adopted(config: Config) -> RuntimeRecord | None:

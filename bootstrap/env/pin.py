@@ -242,8 +242,6 @@ def _in_use(path: Path) -> None:
     """The empty ``.in-use`` file, durable. Created in place: an empty file has no bytes a
     reader could see half-written, and no data a power loss could lose, so only its
     directory entry is synced (one fsync, where a temp file and a rename took two)."""
-    if path.exists():
-        return
     try:
         write_file(path, b"", exclusive=True)
     except FileExistsError:
