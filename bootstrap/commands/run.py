@@ -9,14 +9,13 @@ start never gets here: ``bootstrap.warm`` execs from its fingerprint check.
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from bootstrap.config import Config, load_config
 from bootstrap.engine.ensure import ensure
 from bootstrap.engine.status import status
-from bootstrap.errors import EXIT_SKILLS_FAILED, BootstrapError
+from bootstrap.errors import BootstrapError
 from bootstrap.primitives import log, process
 
 
@@ -34,10 +33,9 @@ def run(config_path: Path | None, *, strict: bool, python_args: Sequence[str]) -
                     f"runtime in {config.venv}", venv=str(config.venv))
         process.replace(earlier, python_args)
     if strict and result.failed:
-        names = ", ".join(sorted(result.failed))
-        print(log.error_line(f"skill(s) failed: {names}; not starting the interpreter "
-                             "(--strict)"), file=sys.stderr)
-        return EXIT_SKILLS_FAILED
+        from bootstrap import warm_failures  # the words and exit the warm path gives too
+
+        return warm_failures.refuse_strict(list(result.failed))
     process.replace(result.python, python_args)
 
 
