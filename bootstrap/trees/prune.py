@@ -37,7 +37,7 @@ from bootstrap.primitives.atomic import write_atomic
 from bootstrap.primitives.fs import read_state_file
 from bootstrap.trees.published import recorded_hash
 from bootstrap.trees.skillmd import unsafe_name
-from bootstrap.trees.skilltree import load_skill_tree, tree_hash
+from bootstrap.trees.skilltree import is_tree_hash, load_skill_tree, tree_hash
 
 RECORD: Final = "published.json"
 SCHEMA: Final = 2  # 1: name -> [dev, ino]; 2: name -> [dev, ino, tree hash]
@@ -105,16 +105,11 @@ def _parse(data: Any, hashes: Path) -> Owned | None:
                 and all(type(n) is int and n >= 0 for n in where[:2])):
             return None
         digest = where[2] if current else recorded_hash(hashes, name, where[1])
-        if current and not _is_hash(digest):
+        if current and not is_tree_hash(digest):
             return None
         if isinstance(digest, str):  # a schema-1 tree without a hash to vouch for it is kept
             owned[name] = Mark(where[0], where[1], digest)
     return owned
-
-
-def _is_hash(value: object) -> bool:
-    return (isinstance(value, str) and value.startswith("sha256:") and len(value) == 71
-            and all(c in "0123456789abcdef" for c in value[7:]))
 
 
 def _write(base: Path, owned: Owned) -> None:

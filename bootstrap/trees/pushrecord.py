@@ -37,7 +37,7 @@ from typing import Final
 
 from bootstrap.primitives import log, tar
 from bootstrap.trees.skillmd import unsafe_name
-from bootstrap.trees.skilltree import SkillTree, tree_hash
+from bootstrap.trees.skilltree import SkillTree, is_tree_hash, tree_hash
 
 HELD: Final = "kb-push-held"
 # The largest sandbox record read (a larger one is treated as absent). A line is at most ~215
@@ -87,9 +87,7 @@ def held(line: str | None, token: str) -> dict[str, str]:
     out: dict[str, str] = {}
     for word in line[len(prefix):].split():
         name, _, digest = word.partition("=")
-        hexpart = digest.removeprefix("sha256:")
-        if (unsafe_name(name) is None and digest.startswith("sha256:") and len(hexpart) == 64
-                and all(c in "0123456789abcdef" for c in hexpart)):
+        if unsafe_name(name) is None and is_tree_hash(digest):
             out[name] = digest
     return out
 

@@ -190,6 +190,13 @@ def tree_hash(tree: SkillTree) -> str:
     return hash_records(tree, (file_digest(e.path) for e in tree.entries if e.kind == "file"))
 
 
+def is_tree_hash(value: object) -> bool:
+    """Whether ``value`` is a digest as :func:`tree_hash` writes it: for one read back from a
+    record, which is not trusted (a sandbox's report, a record of published skills)."""
+    return (isinstance(value, str) and value.startswith("sha256:") and len(value) == 71
+            and all(c in "0123456789abcdef" for c in value[7:]))
+
+
 def hash_records(tree: SkillTree, file_digests: Iterator[bytes] | Sequence[bytes]) -> str:
     """:func:`tree_hash` with the file digests supplied, in entry order (e.g. from a copy)."""
     digests = iter(file_digests)
