@@ -19,8 +19,9 @@ DESCRIPTION = ("Keep a Jupyter kernel's venv and its agent skills ready: build i
 EPILOG = """\
 exit codes:
   0  ok
-  1  failed: the environment could not be made ready, uv missing, lock timeout, push failed
-  2  usage or config error, invalid skill
+  1  failed: the environment could not be made ready, uv missing, lock timeout, push failed,
+     verify found a changed, missing or extra file
+  2  usage or config error, invalid skill; --locked: the skills lock does not match
   3  ensure --strict (run --strict): at least one skill failed
   130, 143, 129  stopped by ^C, SIGTERM, SIGHUP (children stopped, the lock released)
   run exits with its interpreter's exit code
@@ -37,6 +38,7 @@ environment:
   KERNEL_BOOTSTRAP_OFFLINE=1           never contact a package index (as UV_OFFLINE=1 does)
   KERNEL_BOOTSTRAP_NO_GENERATIONS=1    keep the venv a plain directory, swapped at each rebuild
   KERNEL_BOOTSTRAP_LOG_FORMAT=json     JSON log lines when --log-format is not given
+  KERNEL_BOOTSTRAP_KERNEL_SERVER=0     no kernel server: every kernel starts the ordinary way
   NO_COLOR                   no colour on a terminal"""
 # Global options may come before or after the subcommand (as uv's do). Each parser level keeps
 # its own copy under its own name; _merge_globals adds the counts and lets the last value win.
@@ -150,6 +152,12 @@ def _json(p: argparse.ArgumentParser, help: str = "print one JSON object") -> No
     p.add_argument("--json", action="store_true", help=help)
 
 
+def _locked(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--locked", action="store_true",
+                   help="exit 2, changing nothing, when the skills lock does not match the "
+                        "configured git sources")
+
+
 # -- the commands about the managed venv -------------------------------------------------------
 
 def _ensure(p: argparse.ArgumentParser, _: type[argparse.ArgumentParser]) -> None:
@@ -158,15 +166,24 @@ def _ensure(p: argparse.ArgumentParser, _: type[argparse.ArgumentParser]) -> Non
     p.add_argument("--retry", action="store_true",
                    help="retry every failed skill and a failed rebuild now, even while their "
                         "failures back off")
+    _locked(p)
     _lock_timeout(p, 300.0)
 
 
 def _run(p: argparse.ArgumentParser, _: type[argparse.ArgumentParser]) -> None:
-    p.usage = "%(prog)s [--config PATH] [--strict] [-- PYTHON-ARGS...]"
+    p.usage = "%(prog)s [--config PATH] [--strict] [--locked] [-- PYTHON-ARGS...]"
     p.add_argument("--strict", action="store_true",
                    help="exit 3 instead of starting when any skill failed")
+    _locked(p)
     p.epilog = ("Everything after -- goes to the interpreter, e.g. "
                 "`kernel-bootstrap run -- -m ipykernel_launcher -f FILE`.")
+
+
+def _serve(p: argparse.ArgumentParser, _: type[argparse.ArgumentParser]) -> None:
+    p.epilog = ("Runs until SIGTERM, `kernel-idle-timeout` seconds without a request, or a "
+                "rebuild (its generation is no longer current). Without it, the first kernel "
+                "start runs a server in the background. Off with `kernel-server = false` or "
+                "KERNEL_BOOTSTRAP_KERNEL_SERVER=0; Linux only.")
 
 
 def _status(p: argparse.ArgumentParser, _: type[argparse.ArgumentParser]) -> None:
@@ -181,7 +198,8 @@ def _repair(p: argparse.ArgumentParser, _: type[argparse.ArgumentParser]) -> Non
 
 def _lock(p: argparse.ArgumentParser, _: type[argparse.ArgumentParser]) -> None:
     p.add_argument("--upgrade", action="store_true", help="re-resolve even if nothing changed, "
-                   "taking the newest versions allowed")
+                   "taking the newest versions allowed; git sources: every branch and tag "
+                   "moves to its current commit")
     _json(p)
 
 
@@ -195,6 +213,13 @@ def _gc(p: argparse.ArgumentParser, _: type[argparse.ArgumentParser]) -> None:
     _json(p)
 
 
+def _verify(p: argparse.ArgumentParser, _: type[argparse.ArgumentParser]) -> None:
+    p.add_argument("--into", dest="roots", action="append", type=Path, default=[],
+                   metavar="ROOT", help="also check the trees publish recorded in this skill "
+                                        "root (repeatable)")
+    _json(p)
+
+
 def _init(p: argparse.ArgumentParser, _: type[argparse.ArgumentParser]) -> None:
     p.add_argument("--force", action="store_true", help="overwrite an existing file")
 
@@ -202,13 +227,18 @@ def _init(p: argparse.ArgumentParser, _: type[argparse.ArgumentParser]) -> None:
 # -- the commands that move skill trees --------------------------------------------------------
 
 def _publish(p: argparse.ArgumentParser, _: type[argparse.ArgumentParser]) -> None:
-    p.add_argument("sources", nargs="+", type=Path, metavar="SRC", help="a skill directory")
+    _sources(p)
     p.add_argument("--into", type=Path, required=True, metavar="ROOT",
                    help="the skill root agents read (required)")
     p.add_argument("--grace", type=_positive, default=30.0, metavar="SECONDS",
                    help="how long a replaced tree stays for its readers (default: 30)")
     _prune(p, "ROOT")
     _json(p)
+
+
+def _sources(p: argparse.ArgumentParser) -> None:
+    p.add_argument("sources", nargs="*", type=Path, metavar="SRC",
+                   help="a skill directory (none: the config's skills, git sources included)")
 
 
 def _prune(p: argparse.ArgumentParser, where: str) -> None:
@@ -218,7 +248,7 @@ def _prune(p: argparse.ArgumentParser, where: str) -> None:
 
 
 def _push(p: argparse.ArgumentParser, _: type[argparse.ArgumentParser]) -> None:
-    p.add_argument("sources", nargs="+", type=Path, metavar="SRC", help="a skill directory")
+    _sources(p)
     p.add_argument("--dest", required=True, metavar="DIR",
                    help="the skill root inside each runtime (required)")
     p.add_argument("--exec", dest="execs", action="append", default=[], metavar="PREFIX",
@@ -274,9 +304,14 @@ _COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser,
                                           type[argparse.ArgumentParser]], None]]] = {
     "ensure": ("make the environment ready; print the interpreter path", _ensure),
     "run": ("make the environment ready, then exec its interpreter with PYTHON-ARGS", _run),
+    "serve": ("make the environment ready, then run its kernel server in the foreground "
+              "(for a supervisor)", _serve),
     "status": ("say whether the environment is ready, and why not (read-only)", _status),
     "repair": ("verify the environment deeply and fix what is broken", _repair),
-    "lock": ("pin the runtime's requirements with hashes in the lock file", _lock),
+    "lock": ("pin the runtime's requirements with hashes in the lock file, and the git "
+             "sources in the skills lock", _lock),
+    "verify": ("check git skill trees, published trees and editables against their records "
+               "(read-only)", _verify),
     "gc": ("remove leftovers of dead processes", _gc),
     "init": ("write a commented starter config (default: ./kernel-bootstrap.toml)", _init),
     "publish": ("install skill trees atomically into a skill root", _publish),

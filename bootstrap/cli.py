@@ -44,7 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     from bootstrap.warm import try_cli
 
-    warm_exit = try_cli(args_list)
+    warm_exit = try_cli(args_list, _offer_kernel)
     if warm_exit is not None:
         return warm_exit
     from bootstrap.arguments import UsageError, parse_args
@@ -87,6 +87,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FAILED
 
 
+def _offer_kernel(venv: str, python: str, python_args: list[str], config_file: str,
+                  kernel_server: bool) -> None:
+    """The warm ``run``'s hook for a kernel launch (the warm path may not import the kernel
+    server's layer itself): ``bootstrap.commands.serve.offer``."""
+    from bootstrap.commands.serve import offer
+
+    offer(venv, python, python_args, config_file, kernel_server)
+
+
 def _run(args: argparse.Namespace) -> int:
     try:
         return _dispatch(args)
@@ -99,7 +108,8 @@ def _run(args: argparse.Namespace) -> int:
 
 def _dispatch(args: argparse.Namespace) -> int:
     # Split as the parsers are: the commands about the managed venv, then the rest.
-    if args.command in ("ensure", "run", "status", "repair", "lock", "gc", "init"):
+    if args.command in ("ensure", "run", "serve", "status", "repair", "lock", "gc", "init",
+                        "verify"):
         return _dispatch_environment(args)
     return _dispatch_trees(args)
 
@@ -110,11 +120,16 @@ def _dispatch_environment(args: argparse.Namespace) -> int:
         from bootstrap.commands.ensure import ensure
 
         return ensure(args.config, as_json=args.json, strict=args.strict,
-                      lock_timeout=args.lock_timeout, retry=args.retry)
+                      lock_timeout=args.lock_timeout, retry=args.retry, locked=args.locked)
     if cmd == "run":
         from bootstrap.commands.run import run
 
-        return run(args.config, strict=args.strict, python_args=args.python_args)
+        return run(args.config, strict=args.strict, python_args=args.python_args,
+                   locked=args.locked)
+    if cmd == "serve":
+        from bootstrap.commands.serve import serve
+
+        return serve(args.config)
     if cmd == "status":
         from bootstrap.commands.status import status
 
@@ -133,6 +148,10 @@ def _dispatch_environment(args: argparse.Namespace) -> int:
 
         return gc(args.config, roots=args.roots, grace=args.grace, as_json=args.json,
                   lock_timeout=args.lock_timeout)
+    if cmd == "verify":
+        from bootstrap.commands.verify import verify
+
+        return verify(args.config, into=args.roots, as_json=args.json)
     if cmd == "init":
         from bootstrap.commands.init import init
 
@@ -146,12 +165,12 @@ def _dispatch_trees(args: argparse.Namespace) -> int:
         from bootstrap.commands.publish import publish
 
         return publish(args.sources, into=args.into, grace=args.grace, as_json=args.json,
-                       prune=args.prune)
+                       prune=args.prune, config_path=args.config)
     if cmd == "push":
         from bootstrap.commands.push import push
 
         return push(args.sources, dest=args.dest, execs=args.execs, jobs=args.jobs,
-                    as_json=args.json, prune=args.prune)
+                    as_json=args.json, prune=args.prune, config_path=args.config)
     if cmd == "kernelspec":
         from bootstrap.commands.kernelspec import install
 

@@ -12,13 +12,15 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from bootstrap.config_file import (
     PYPROJECT,
+    Reader,
     find_config_file,
     missing_message,
     read_toml,
+    resolve,
     short,
     source_name,
     table_of,
@@ -28,12 +30,18 @@ from bootstrap.places import default_venv, legacy_default
 from bootstrap.trees.discovery import glob_dirs
 from bootstrap.trees.skillmd import Checked, check_layout, checked
 
+if TYPE_CHECKING:
+    from bootstrap.sources.spec import GitSource
+
 _KEYS: Final = frozenset(
     {"venv", "python", "requirements", "constraints", "uv-args", "skills", "ready-check",
-     "snapshots", "lock", "offline"}
+     "snapshots", "lock", "offline", "skills-lock", "kernel-server", "kernel-preload",
+     "kernel-idle-timeout"}
 )
 # Environment variables that mean `offline = true` (uv's own among them).
 OFFLINE_ENV: Final = ("KERNEL_BOOTSTRAP_OFFLINE", "UV_OFFLINE")
+# 0 turns the kernel server off, 1 on, whatever the config says (bootstrap.kernels.enabled).
+KERNEL_SERVER_ENV: Final = "KERNEL_BOOTSTRAP_KERNEL_SERVER"
 
 
 @dataclass(frozen=True)
@@ -83,6 +91,16 @@ class Config:
     # Where ``venv`` came from: "config" (the key), "KERNEL_BOOTSTRAP_VENV", or "default"
     # (this config's own, :func:`default_venv`); ``status`` says so.
     venv_from: str = "config"
+    # The kernel server (bootstrap.kernels): `kernel-server` as configured (whether one runs is
+    # bootstrap.kernels.enabled's answer: $KERNEL_BOOTSTRAP_KERNEL_SERVER and the platform too),
+    # the modules it imports before any request, and how long it waits for one before it exits.
+    kernel_server: bool = True
+    kernel_preload: tuple[str, ...] = ()
+    kernel_idle_timeout: float = 900.0
+    # `skills` entries that are inline tables (bootstrap.sources): ``skills`` holds only those
+    # of their skills the skills lock names and the cache holds; ``prepare`` adds the rest.
+    git_sources: tuple[GitSource, ...] = ()
+    skills_lock: Path | None = None
 
     @property
     def python_skills(self) -> tuple[Skill, ...]:
@@ -133,7 +151,7 @@ def config_from_dict(data: dict[str, Any], file: Path) -> Config:
             f"{source_name(file)}: unknown key {short(unknown[0])} "
             f"(known: {', '.join(sorted(_KEYS))})")
     base = file.parent
-    reader = _Reader(file, data)
+    reader = Reader(file, data)
     venv, venv_from = _venv(reader, base, file)
     constraints = reader.path("constraints", base)
     if constraints is not None and not _exists(constraints, file, "constraints", "file"):
@@ -143,7 +161,13 @@ def config_from_dict(data: dict[str, Any], file: Path) -> Config:
                            "KERNEL_BOOTSTRAP_SNAPSHOTS" if snapshots_env
                            else f"{source_name(file)}: key 'snapshots'")
     override = os.environ.get("KERNEL_BOOTSTRAP_PYTHON")
-    skills, watch = discover_skills(reader.strings("skills"), base, file)
+    patterns, git_sources = _skill_entries(reader)
+    skills, watch = discover_skills(patterns, base, file)
+    skills_lock = reader.path("skills-lock", base) or base / "skills-lock.toml"
+    if git_sources:
+        from bootstrap.sources.cached import cached_skills
+
+        skills = _with_cached(skills, cached_skills(git_sources, skills_lock), file)
     return Config(
         path=file,
         venv=venv,
@@ -159,14 +183,70 @@ def config_from_dict(data: dict[str, Any], file: Path) -> Config:
         watch=watch,
         offline=offline_from_env() is not None or reader.boolean("offline"),
         venv_from=venv_from,
+        git_sources=git_sources,
+        skills_lock=skills_lock,
+        **_kernel_keys(reader),
     )
 
 
-def _venv(reader: _Reader, base: Path, file: Path) -> tuple[Path, str]:
+def _kernel_keys(reader: Reader) -> dict[str, Any]:
+    """``kernel-server``, ``kernel-preload`` (module names) and ``kernel-idle-timeout``
+    (seconds, > 0), checked; and $KERNEL_BOOTSTRAP_KERNEL_SERVER, which must be 0 or 1."""
+    value = os.environ.get(KERNEL_SERVER_ENV, "")
+    if value not in ("", "0", "1"):
+        raise ConfigError(f"{KERNEL_SERVER_ENV}={short(value)}: must be 0 (off) or 1 (on)")
+    preload = reader.strings("kernel-preload")
+    for index, name in enumerate(preload):
+        # The server imports each by name: a path or a typo with a space is no module.
+        if not all(part.isidentifier() for part in name.split(".")):
+            raise ConfigError(f"{source_name(reader.file)}: kernel-preload[{index}]: not a "
+                              f"module name (dotted identifiers, e.g. \"numpy.linalg\"): "
+                              f"{short(name)}")
+    timeout = reader.data.get("kernel-idle-timeout", 900.0)
+    # bool is an int to Python, and NaN compares false both ways: neither is a number of seconds.
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
+            or not 0 < timeout < float("inf"):
+        raise reader.bad("kernel-idle-timeout", "a number of seconds greater than 0")
+    return {"kernel_server": reader.boolean("kernel-server", default=True),
+            "kernel_preload": preload, "kernel_idle_timeout": float(timeout)}
+
+
+def _skill_entries(reader: Reader) -> tuple[tuple[str | None, ...], tuple[GitSource, ...]]:
+    """``skills``: local patterns (None where an entry is a git source, so that indices stay
+    those of the file) and the git sources (bootstrap.sources.spec checks them)."""
+    entries = reader.data.get("skills", [])
+    if not isinstance(entries, list) or not all(isinstance(e, (str, dict)) for e in entries):
+        raise reader.bad("skills", "a list of strings (paths, globs) and inline tables "
+                          "(git sources)")
+    if all(isinstance(e, str) for e in entries):
+        return reader.strings("skills"), ()
+    from bootstrap.sources.spec import parse
+
+    patterns = tuple(reader.check_text(f"skills[{i}]", e) if isinstance(e, str) else None
+                     for i, e in enumerate(entries))
+    sources = tuple(parse(i, e, reader.file) for i, e in enumerate(entries) if isinstance(e, dict))
+    return patterns, sources
+
+
+def _with_cached(skills: tuple[Skill, ...], cached: list[tuple[str, Path, str]],
+                 file: Path) -> tuple[Skill, ...]:
+    """The local skills plus the git ones already in the cache (name, tree, how to name its
+    source); one name twice is an error naming both."""
+    found = {s.name: (s, str(s.path)) for s in skills}
+    for name, path, where in cached:
+        skill = Skill(name, path)
+        other, named = found.setdefault(name, (skill, where))
+        if other is not skill:
+            raise ConfigError(f"{source_name(file)}: two skills named {skill.name!r}: "
+                              f"{named} and {where}")
+    return tuple(s for s, _ in found.values())
+
+
+def _venv(reader: Reader, base: Path, file: Path) -> tuple[Path, str]:
     """The venv path and where it came from (see :attr:`Config.venv_from`), checked."""
     venv_env = os.environ.get("KERNEL_BOOTSTRAP_VENV")
     if venv_env:
-        venv, origin = _resolve(base, venv_env), "KERNEL_BOOTSTRAP_VENV"
+        venv, origin = resolve(base, venv_env), "KERNEL_BOOTSTRAP_VENV"
         where = origin
     elif (named := reader.path("venv", base)) is not None:
         venv, origin, where = named, "config", f"{source_name(file)}: key 'venv'"
@@ -191,59 +271,6 @@ def offline_from_env() -> str | None:
     return None
 
 
-class _Reader:
-    """Typed access to config keys; every error names the file and the key."""
-
-    def __init__(self, file: Path, data: dict[str, Any]) -> None:
-        self.file = file
-        self.data = data
-
-    def _bad(self, key: str, expected: str) -> ConfigError:
-        value = self.data[key]
-        return ConfigError(
-            f"{source_name(self.file)}: key {key!r} must be {expected}, got {type(value).__name__} "
-            f"{short(value)}"
-        )
-
-    def _check_text(self, where: str, value: str) -> str:
-        # Every string ends up as a path or a command-line argument: the OS takes neither with
-        # a NUL, nor a lone surrogate outside the range that stands for undecodable bytes.
-        if "\x00" in value:
-            raise ConfigError(f"{source_name(self.file)}: {where} contains a NUL character: "
-                              f"{short(value)}")
-        try:
-            os.fsencode(value)
-        except UnicodeEncodeError:
-            raise ConfigError(f"{source_name(self.file)}: {where} cannot be encoded for the "
-                              "operating system: "
-                              f"{short(value)}") from None
-        return value
-
-    def string(self, key: str) -> str | None:
-        value = self.data.get(key)
-        if value is None:
-            return None
-        if not isinstance(value, str) or not value.strip():
-            raise self._bad(key, "a non-empty string")
-        return self._check_text(f"key {key!r}", value)
-
-    def boolean(self, key: str) -> bool:
-        value = self.data.get(key, False)
-        if not isinstance(value, bool):
-            raise self._bad(key, "true or false")
-        return value
-
-    def strings(self, key: str) -> tuple[str, ...]:
-        value = self.data.get(key, [])
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise self._bad(key, "a list of strings")
-        return tuple(self._check_text(f"{key}[{i}]", v) for i, v in enumerate(value))
-
-    def path(self, key: str, base: Path) -> Path | None:
-        value = self.string(key)
-        return _resolve(base, value) if value is not None else None
-
-
 def _snapshots(value: str | None, base: Path, where: str) -> Path | Bucket | None:
     """A directory, or a bucket URL (``s3://BUCKET/PREFIX``)."""
     try:
@@ -251,13 +278,7 @@ def _snapshots(value: str | None, base: Path, where: str) -> Path | Bucket | Non
     except ValueError:
         raise ConfigError(f"{where}: {short(value)} is neither a directory nor a bucket URL "
                           "(s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, az://...)") from None
-    return bucket if bucket is not None or value is None else _resolve(base, value)
-
-
-def _resolve(base: Path, value: str) -> Path:
-    # os.path.expanduser, not Path.expanduser: for an unknown "~user" the latter raises
-    # RuntimeError (found by fuzzing); the former leaves the text as it is.
-    return Path(os.path.normpath(base / os.path.expanduser(value)))
+    return bucket if bucket is not None or value is None else resolve(base, value)
 
 
 def _exists(path: Path, file: Path, where: str, kind: str) -> bool:
@@ -303,7 +324,7 @@ def default_python() -> str:
 
 
 def discover_skills(
-    patterns: tuple[str, ...], base: Path, file: Path
+    patterns: tuple[str | None, ...], base: Path, file: Path
 ) -> tuple[tuple[Skill, ...], tuple[Path, ...]]:
     """Expand ``skills`` entries: a glob keeps the matches holding SKILL.md; a plain path must
     be a skill. Two skills with the same name are an error naming both paths. Also returns the
@@ -311,8 +332,10 @@ def discover_skills(
     found: dict[str, Skill] = {}
     watch: list[Path] = []
     for index, pattern in enumerate(patterns):
+        if pattern is None:  # a git source (bootstrap.sources)
+            continue
         if glob.has_magic(pattern):
-            watch += glob_dirs(_resolve(base, pattern))
+            watch += glob_dirs(resolve(base, pattern))
         for path in _expand(pattern, base, file, index):
             try:
                 name = check_layout(path)
@@ -340,7 +363,7 @@ def _warn_special(paths: list[Path], consequence: str) -> None:
 
 
 def _expand(pattern: str, base: Path, file: Path, index: int) -> list[Path]:
-    full = _resolve(base, pattern)
+    full = resolve(base, pattern)
     if glob.has_magic(pattern):
         matches = sorted(Path(m) for m in glob.glob(str(full)))
         # os.path.isfile: a match we cannot read is skipped, as glob itself skips those.

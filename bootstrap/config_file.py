@@ -1,6 +1,7 @@
 """Which file is the config, and reading it: ``--config``, ``$KERNEL_BOOTSTRAP_CONFIG``,
 ``./kernel-bootstrap.toml``, or the ``[tool.kernel-bootstrap]`` table of ``./pyproject.toml``;
-TOML parsed with every way it can fail named. What the keys mean is ``config.py``'s.
+TOML parsed with every way it can fail named; typed access to its keys (:class:`Reader`). What the
+keys mean is ``config.py``'s.
 """
 
 from __future__ import annotations
@@ -106,3 +107,62 @@ def short(value: object) -> str:
     """A bounded repr: a value in an error message may be anything TOML can hold."""
     text = _repr.repr(value)  # bounded depth and item counts, yet nested items add up
     return text if len(text) <= 160 else text[:157] + "..."
+
+
+def resolve(base: Path, value: str) -> Path:
+    # os.path.expanduser, not Path.expanduser: for an unknown "~user" the latter raises
+    # RuntimeError (found by fuzzing); the former leaves the text as it is.
+    return Path(os.path.normpath(base / os.path.expanduser(value)))
+
+
+class Reader:
+    """Typed access to config keys; every error names the file and the key."""
+
+    def __init__(self, file: Path, data: dict[str, Any]) -> None:
+        self.file = file
+        self.data = data
+
+    def bad(self, key: str, expected: str) -> ConfigError:
+        value = self.data[key]
+        return ConfigError(
+            f"{source_name(self.file)}: key {key!r} must be {expected}, got {type(value).__name__} "
+            f"{short(value)}"
+        )
+
+    def check_text(self, where: str, value: str) -> str:
+        # Every string ends up as a path or a command-line argument: the OS takes neither with
+        # a NUL, nor a lone surrogate outside the range that stands for undecodable bytes.
+        if "\x00" in value:
+            raise ConfigError(f"{source_name(self.file)}: {where} contains a NUL character: "
+                              f"{short(value)}")
+        try:
+            os.fsencode(value)
+        except UnicodeEncodeError:
+            raise ConfigError(f"{source_name(self.file)}: {where} cannot be encoded for the "
+                              "operating system: "
+                              f"{short(value)}") from None
+        return value
+
+    def string(self, key: str) -> str | None:
+        value = self.data.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, str) or not value.strip():
+            raise self.bad(key, "a non-empty string")
+        return self.check_text(f"key {key!r}", value)
+
+    def boolean(self, key: str, *, default: bool = False) -> bool:
+        value = self.data.get(key, default)
+        if not isinstance(value, bool):
+            raise self.bad(key, "true or false")
+        return value
+
+    def strings(self, key: str) -> tuple[str, ...]:
+        value = self.data.get(key, [])
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise self.bad(key, "a list of strings")
+        return tuple(self.check_text(f"{key}[{i}]", v) for i, v in enumerate(value))
+
+    def path(self, key: str, base: Path) -> Path | None:
+        value = self.string(key)
+        return resolve(base, value) if value is not None else None

@@ -60,14 +60,15 @@ Invalid = tuple[str, str]
 
 def render(config_file: str, venv: str, python: str, stamped: list[tuple[str, str]],
            failed: tuple[Failed, ...] = (), until: float | None = None,
-           refused: str | None = None, invalid: tuple[Invalid, ...] = ()) -> str:
+           refused: str | None = None, invalid: tuple[Invalid, ...] = (),
+           kernel_server: bool = True) -> str:
     """The fingerprint text; ``stamped`` were taken before the check that found us ready,
     ``failed`` are the failures backing off then (skill name, failures in a row, retry time in
     ISO 8601, error), and the fingerprint holds ``until`` the first of them is due.
     ``invalid``: the skills whose SKILL.md no agent can load (name, error); their files are
     stamped, so the fingerprint holds while those are unchanged. ``refused``: the error of a
     rebuild backing off, which the warm path then answers with (exit 1) instead of the
-    interpreter."""
+    interpreter. ``kernel_server``: the config's key, which the warm ``run`` cannot read."""
 
     lines = [FORMAT, f"config\t{config_file}", f"venv\t{venv}", f"python\t{python}"]
     lines += [f"env\t{k}\t{os.environ.get(k, '')}" for k in ENV_KEYS]
@@ -79,19 +80,23 @@ def render(config_file: str, venv: str, python: str, stamped: list[tuple[str, st
     lines += [f"invalid\t{n}\t{escape(e)}" for n, e in invalid]
     if refused is not None:
         lines.append(f"refused\t{escape(refused)}")
+    if not kernel_server:
+        lines.append("kernel-server\toff")
     return "\n".join(lines) + "\n"
 
 
 def save(config_file: str, venv: str, python: str, stamped: list[tuple[str, str]],
          failed: tuple[Failed, ...] = (), until: float | None = None,
-         refused: str | None = None, invalid: tuple[Invalid, ...] = ()) -> None:
+         refused: str | None = None, invalid: tuple[Invalid, ...] = (),
+         kernel_server: bool = True) -> None:
     """Write the fingerprint (slow path only); a failure just means no warm path next time."""
     path = fingerprint_path(config_file)
     if path is None or any("\t" in p or "\n" in p for p, _ in stamped):
         return
     from bootstrap.primitives.atomic import write_atomic
 
-    text = render(config_file, venv, python, stamped, failed, until, refused, invalid)
+    text = render(config_file, venv, python, stamped, failed, until, refused, invalid,
+                  kernel_server)
     # Every warm in-process ensure() lands here; rewriting identical bytes cost an fsync'd
     # replace (~1.3 ms, more than the rest of the call) and broke "the warm path writes nothing".
     if read_text(path) == text:

@@ -25,12 +25,20 @@ import stat  # already imported by os itself: free
 import sys
 import time  # built in, and imported by every interpreter's start: free
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # try_cli's hook: (venv, interpreter, PYTHON-ARGS, config file, kernel-server)
+    from collections.abc import Callable
+    Launch = Callable[[str, str, list[str], str, bool], None]
+
 # 2: generations (a format-1 one may vouch for a plain venv the full check must convert).
 # 3: invalid skills; errors as warm_failures.escape writes them (the warm path prints them).
-FORMAT = "kernel-bootstrap-warm 3"
+# 4: `kernel-server\toff` when the config turns the kernel server off (the warm `run` reads no
+#    TOML).
+FORMAT = "kernel-bootstrap-warm 4"
 # Environment that changes what the full check would conclude (offline: which failures back off).
 ENV_KEYS = ("KERNEL_BOOTSTRAP_VENV", "KERNEL_BOOTSTRAP_PYTHON", "KERNEL_BOOTSTRAP_SNAPSHOTS",
-            "KERNEL_BOOTSTRAP_NO_GENERATIONS", "KERNEL_BOOTSTRAP_OFFLINE", "UV_OFFLINE")
+            "KERNEL_BOOTSTRAP_NO_GENERATIONS", "KERNEL_BOOTSTRAP_OFFLINE", "UV_OFFLINE",
+            "KERNEL_BOOTSTRAP_KERNEL_SERVER")
 _MAX_NAME = 200
 # A fingerprint of a config with 1,000 skills is ~300 KiB; anything bigger is not ours.
 _MAX_FINGERPRINT = 4 * 1024 * 1024
@@ -147,9 +155,10 @@ def check(config_file: str) -> tuple[str, str] | None:
 
 
 # What a holding fingerprint says: venv, interpreter, the failures backing off and the invalid
-# skills, the refused rebuild's error (all three: bootstrap.warm_failures), the paths stamped.
+# skills, the refused rebuild's error (all three: bootstrap.warm_failures), the paths stamped,
+# and the config's `kernel-server` (False: the config turns the kernel server off).
 Held = tuple[str, str, list[tuple[str, int, str, str]], list[tuple[str, str]], str | None,
-             frozenset[str]]
+             frozenset[str], bool]
 
 
 def holds(config_file: str) -> Held | None:
@@ -163,6 +172,7 @@ def holds(config_file: str) -> Held | None:
     if len(lines) < 4 or lines[0] != FORMAT or lines[-1] != "":
         return None
     python = venv = None
+    serve = True
     recorded: list[list[str]] = []
     stamped: set[str] = set()
     for line in lines[1:-1]:
@@ -186,6 +196,8 @@ def holds(config_file: str) -> Held | None:
                 return None  # a failure is due: the full path retries it
         elif kind in ("failed", "invalid", "refused"):
             recorded.append(fields)
+        elif kind == "kernel-server" and fields[1:] == ["off"]:
+            serve = False
         elif kind != "config":
             return None
     # Only what the full check would print, and only when it stamped that interpreter and the
@@ -193,7 +205,7 @@ def holds(config_file: str) -> Held | None:
     if venv is None or python != venv_python(venv) or not {python, config_file} <= stamped:
         return None
     failures = ([], [], None) if not recorded else _failures(recorded)
-    return None if failures is None else (venv, python, *failures, frozenset(stamped))
+    return None if failures is None else (venv, python, *failures, frozenset(stamped), serve)
 
 
 def _failures(recorded: list[list[str]]) -> tuple[list[tuple[str, int, str, str]],
@@ -323,16 +335,18 @@ def _valid(option: str, value: str, after_command: bool) -> bool:
     return True
 
 
-def try_cli(argv: list[str]) -> int | None:
+def try_cli(argv: list[str], launch: Launch | None = None) -> int | None:
     """The whole warm ``kernel-bootstrap ensure`` (or ``run``, which execs the interpreter and
-    never returns unless it must refuse); None to fall through to the full CLI."""
+    never returns unless it must refuse); None to fall through to the full CLI. ``launch``: what
+    ``run`` calls before its exec for an argv :func:`kernel_launch` accepts (the kernel server's
+    hook, handed in by the CLI: those modules are a layer above this one)."""
     # An unknown log format in the environment is the full CLI's usage error (exit 2).
     if os.environ.get("KERNEL_BOOTSTRAP_PYTHON") \
             or os.environ.get(LOG_FORMAT_ENV, "") not in ("", "console", "json"):
         return None
-    launch = parse_run(argv) if "run" in argv else None
-    if launch is not None:
-        return _try_exec(*launch)
+    launched = parse_run(argv) if "run" in argv else None
+    if launched is not None:
+        return _try_exec(*launched, launch)
     parsed = parse_args(argv)
     if parsed is None:
         return None
@@ -340,7 +354,7 @@ def try_cli(argv: list[str]) -> int | None:
     found = _found(config)
     if found is None:
         return None
-    venv, python, failed, invalid, _, _ = found
+    venv, python, failed, invalid, _, _, _ = found
     answered = _answer_failures(found, quiet, log_format)
     if answered is not None:
         return answered
@@ -363,7 +377,7 @@ def _found(config: str | None) -> Held | None:
 
 def _answer_failures(found: Held, quiet: int, log_format: str | None) -> int | None:
     """The full path's words for what ``found`` records; None: go on with the answer."""
-    _, _, failed, invalid, refused, _ = found
+    _, _, failed, invalid, refused, _, _ = found
     if not (failed or invalid or refused):
         return None
     from bootstrap import warm_failures
@@ -372,14 +386,16 @@ def _answer_failures(found: Held, quiet: int, log_format: str | None) -> int | N
     return warm_failures.answer(failed, invalid, refused, quiet=quiet, as_json=as_json)
 
 
-def _try_exec(options: Options, python_args: list[str]) -> int | None:
+def _try_exec(options: Options, python_args: list[str], launch: Launch | None) -> int | None:
     """Become the interpreter (as ``process.replace`` does, with ``os`` alone) if the
-    fingerprint holds; 3 for ``--strict`` with a failed skill; None if it does not hold, if a
-    rebuild backs off (the full path then starts the earlier runtime, with its warning), or
-    if the exec fails (the full path says why)."""
+    fingerprint holds, first offering a kernel launch to ``launch`` (see :func:`try_cli`); 3
+    for ``--strict`` with a failed skill; None if it does not hold, if a rebuild backs off
+    (the full path then starts the earlier runtime, with its warning), or if the exec fails
+    (the full path says why)."""
     config, _, strict, quiet, log_format = options
-    found = _found(config)
-    if found is None or found[4] is not None:
+    config_file = config_file_for(config)
+    found = holds(config_file) if config_file is not None else None
+    if config_file is None or found is None or found[4] is not None:
         return None
     _answer_failures(found, quiet, log_format)
     if strict and (found[2] or found[3]):
@@ -388,8 +404,17 @@ def _try_exec(options: Options, python_args: list[str]) -> int | None:
         # Nothing starts, as the full path decides.
         return warm_failures.refuse_strict([f[0] for f in found[2]] + [i[0] for i in found[3]])
     python = found[1]
+    if launch is not None and kernel_launch(python_args):
+        # May never return: the kernel server serves this kernel and we stay as its stand-in.
+        launch(found[0], python, python_args, config_file, found[6])
     try:
         os.execv(python, [python, *python_args])
     except OSError:
         return None
     return None  # not reached: execv does not return
+
+
+def kernel_launch(python_args: list[str]) -> bool:
+    """Whether ``python_args`` may be an ipykernel launch (``-m ... -f FILE``), the only argv
+    offered to a kernel server: ``run -- -c pass`` pays two list scans and imports nothing."""
+    return "-m" in python_args and "-f" in python_args

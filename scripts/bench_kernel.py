@@ -1,15 +1,31 @@
-"""Benchmark: what the gate costs a kernel start, and a warm ``run`` against a bare interpreter.
+"""Benchmark: kernels served by the kernel server against bare starts (issue 29); what the gate
+costs a kernel start; a warm ``run`` against a bare interpreter.
 
-``kernelspec install`` now writes an argv through ``kernel-bootstrap run`` (the readiness check,
-then an exec of the venv's interpreter); ``--direct`` writes the old one, the interpreter alone.
-Both are installed for one warm world (the real uv, the README's ipykernel runtime, two skills)
-and started by jupyter_client as Jupyter starts them, timed from ``start_kernel`` to the
-``kernel_info`` reply (``wait_for_ready``), then shut down. Then, without Jupyter, a warm
-``kernel-bootstrap run -- -c pass`` against the venv's ``python -c pass`` (and a warm
-``ensure`` for scale). Rounds are interleaved with the order rotating; cells are medians; the
-uv log shows no call while timing (every start was warm). Usage::
+One warm world (the real uv, the README's ipykernel runtime, two skills) gets three kernelspecs
+from ``kernelspec install``: *served* (the default argv through ``kernel-bootstrap run``, the
+server on), *bare* (the same argv, for a second config file naming the same venv with
+``kernel-server = false``: the switch is part of the warm fingerprint, and one file alternating
+would take the full check at every start) and *direct* (``--direct``: the interpreter itself).
+jupyter_client starts them as Jupyter does, each timed from ``start_kernel`` to the
+``kernel_info`` reply by testing/kernels.py's probe (``wait_for_ready`` adds ~0.2 s of IOPub
+waiting), then shut down (``now=True``). Interleaved rounds, order rotating, cells medians:
 
-    .venv/bin/python scripts/bench_kernel.py [--rounds 21] [--fast-rounds 51] [--markdown]
+- single starts: *served* with its server up (after the first); *first*, the served kernelspec
+  with no server (stopped before, waited for after, untimed); *bare*; *direct*;
+- ``--burst`` kernels requested at once (a thread each): wall time until all have answered;
+- once, ``--pss`` idle kernels of each kind: the summed PSS (/proc/PID/smaps_rollup) of what the
+  user pays for them. *served*: the stand-ins (the ``run`` processes jupyter_client started),
+  the server and all below it (kernels, spares) and any fork of it elsewhere; *bare*, *direct*:
+  the launched processes and all below them (the kernel: ``run`` execs it);
+- the idle server: user + system CPU (/proc/PID/stat) of the server and its spares over
+  ``--idle-seconds``, no kernel running;
+- as before issue 29, a warm ``kernel-bootstrap run -- -c pass`` against ``python -c pass``.
+
+No timed start called uv (its log says), and no kernel or server of the run is left at the end.
+``--no-served``: bare and direct only. Usage::
+
+    .venv/bin/python scripts/bench_kernel.py [--rounds 21] [--burst 100] [--burst-rounds 3]
+        [--pss 20] [--idle-seconds 60] [--fast-rounds 51] [--no-served] [--markdown]
 """
 
 from __future__ import annotations
@@ -23,6 +39,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
@@ -42,82 +59,236 @@ from bench_lib import (
     rmtree,
     run_timed,
 )
-from bench_report import Table, ms, ratio
+from bench_report import Table, ms, ratio, secs
 
+from testing import kernels, kernelserver, reaper
 from testing.world import World
 
-GATE, DIRECT = "kb-gate", "kb-direct"
+SERVED, BARE, DIRECT = "kb-served", "kb-bare", "kb-direct"
+FIRST = "first"  # the served kernelspec with no server yet
+# Kernels' output: banners would bury the tables; stderr goes to the run's log (main opens it).
+QUIET: dict[str, Any] = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+FAILED: list[str] = []  # bursts run again because a kernel died (the burst table says so)
+TAG = reaper.new_tag()  # every process of the run carries it: the server, its kernels too
+VENV = Path()  # the world's venv (kernel_world sets it): whose server the figures watch
 
 
-def kernel_world(root: Path, uv: Path) -> World:
-    """A warm world on the real uv (behind the workspace's logging shim) with both kernelspecs
-    installed into a Jupyter data dir of its own."""
+def wait_server_up() -> None:
+    kernelserver.wait_up(TAG, VENV)
+
+
+def settle_kernels(timeout: float = 10.0) -> None:
+    kernelserver.settle(TAG, timeout)
+
+
+def kernel_world(root: Path) -> World:
+    """A warm world on the real uv (behind the workspace's logging shim) with the three
+    kernelspecs installed into a Jupyter data dir of its own."""
+    global VENV
     world = World(root / "world")
+    VENV = world.venv
     world.env.update(os.environ)  # the workspace's HOME, caches and uv shim
     world.env.pop("KERNEL_BOOTSTRAP_BATCH_BUILDS", None)
+    world.env.pop("KERNEL_BOOTSTRAP_KERNEL_SERVER", None)
     world.env["JUPYTER_DATA_DIR"] = str(root / "jupyter")
+    world.env[reaper.TAG] = TAG
     world.write_config(requirements=list(RUNTIME))
+    bare = world.config.with_name("bare.toml")  # beside it: the same relative venv
+    bare.write_text(world.config.read_text() + "kernel-server = false\n", encoding="utf-8")
     world.skill("alpha")
     world.skill("beta")
-    config = ["--config", str(world.config)]
-    check([KERNEL_BOOTSTRAP, "kernelspec", "install", "--name", GATE, *config], world.env)
-    check([KERNEL_BOOTSTRAP, "kernelspec", "install", "--name", DIRECT, "--direct", *config],
-          world.env)
-    check([KERNEL_BOOTSTRAP, "ensure", *config], world.env)  # writes the fingerprint
+    for name, config, extra in ((SERVED, world.config, []), (BARE, bare, []),
+                                (DIRECT, world.config, ["--direct"])):
+        check([KERNEL_BOOTSTRAP, "kernelspec", "install", "--name", name, *extra,
+               "--config", str(config)], world.env)
+        check([KERNEL_BOOTSTRAP, "ensure", "--config", str(config)], world.env)  # fingerprint
     return world
 
 
-def kernel_start(name: str) -> Timing:
-    """From jupyter_client's start_kernel to the kernel_info reply: wall seconds, and the CPU
-    seconds of the kernel's process by then (through the exec, for the gate: a process keeps
-    its CPU times across exec); then shut down."""
-    from jupyter_client.manager import KernelManager
-    from jupyter_client.provisioning.local_provisioner import LocalProvisioner
+# --- the figures -----------------------------------------------------------------------------
 
-    began = time.perf_counter()
-    manager = KernelManager(kernel_name=name)
-    # ipykernel's banner warnings would bury the table; both kinds lose the same output.
-    manager.start_kernel(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    client = manager.client()
-    client.start_channels()
+
+def one_start(name: str) -> Timing:
+    """start_kernel -> kernel_info reply, and the launched process's CPU by then (the kernel
+    for bare and direct, a process keeps its CPU across exec; the stand-in for served)."""
+    kernel = kernels.start(name, **QUIET)
+    cpu = kernels.cpu_seconds(kernel.pid)
+    kernels.stop(kernel)
+    settle_kernels()
+    return Timing(kernel.seconds, cpu)
+
+
+def served_start() -> Timing:
+    wait_server_up()  # after a burst, or the first start's server still importing
+    return one_start(SERVED)
+
+
+def first_start() -> Timing:
+    kernelserver.stop(TAG)
+    timing = one_start(SERVED)
+    wait_server_up()  # the server that start spawned: its warm-up is timed by nobody
+    return timing
+
+
+def many(name: str, n: int) -> kernels.Burst:
+    """``n`` kernels of ``name`` at once; a burst in which one dies before answering (on this
+    shared host: another process took a port jupyter_client picked, the kernel exits 1) is
+    recorded and run again, twice at most."""
+    for _ in range(3):
+        if name == SERVED:
+            wait_server_up()
+        try:
+            return kernels.start_many(name, n, **QUIET)
+        except RuntimeError as e:
+            errors = [line for line in log_lines() if "Error" in line][-2:]
+            FAILED.append(f"{name}: {e} ({'; '.join(getattr(e, '__notes__', []))}) {errors}")
+            settle_kernels(60.0)
+    raise RuntimeError(f"three bursts of {name} in a row failed: {FAILED[-3:]}")
+
+
+def log_lines() -> list[str]:
+    """The kernels' stderr so far, without ipykernel's warning about TCP."""
+    path = Path(QUIET["stderr"].name) if hasattr(QUIET["stderr"], "name") else None
+    text = path.read_text(errors="replace") if path else ""
+    return [line for line in text.splitlines() if "WARNING" not in line]
+
+
+def burst(name: str, n: int) -> float:
+    started = many(name, n)
+    kernels.stop_all(started.kernels)
+    settle_kernels(60.0)
+    return started.wall
+
+
+def pss_kib(pid: int) -> int:
+    """The proportional set size of ``pid`` (KiB): its private pages plus its share of those it
+    shares, so the sum over processes is what they cost together (0 if it has ended)."""
     try:
-        client.wait_for_ready(timeout=120)
-        wall = time.perf_counter() - began
-        # The local provisioner (what a kernelspec without one gets) holds the Popen.
-        provisioner = manager.provisioner
-        assert isinstance(provisioner, LocalProvisioner), provisioner
-        assert provisioner.process is not None
-        return Timing(wall, _cpu_seconds(provisioner.process.pid))
+        with open(f"/proc/{pid}/smaps_rollup", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def pss(name: str, n: int) -> dict[str, tuple[int, int]]:
+    """Summed PSS (KiB) and number of the processes that run for ``n`` idle kernels of ``name``
+    (see the module docstring), by part: the launched processes (for served: the stand-ins),
+    and for served the server and its kernels and spares."""
+    started = many(name, n)
+    try:
+        time.sleep(2.0)  # idle: past their start-up's last allocations
+        table = kernels.processes()
+        parts = {"launched": kernels.descendants([k.pid for k in started.kernels], table)}
+        if name == SERVED:
+            tree, main = kernelserver.tree(TAG, table), kernelserver.find(TAG)
+            assert main is not None
+            parts |= {"server": {main.pid}, "kernels": tree - {main.pid}}
+        return {part: (sum(map(pss_kib, pids)), len(pids))
+                for part, pids in parts.items()}
     finally:
-        client.stop_channels()
-        manager.shutdown_kernel(now=True)
+        kernels.stop_all(started.kernels)
+        settle_kernels(60.0)
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU of ``pid`` so far (Linux: /proc/PID/stat, in clock ticks)."""
-    with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def idle_cpu(seconds: float) -> float:
+    """CPU seconds the server and its spares used over ``seconds`` with nothing to do."""
+    wait_server_up()
+    pids = kernelserver.tree(TAG)
+    before = sum(map(kernels.cpu_seconds, pids))
+    time.sleep(seconds)
+    return sum(map(kernels.cpu_seconds, pids)) - before
 
 
-def kernel_table(times: dict[str, list[Timing]], rounds: int) -> Table:
-    direct = median(t.wall for t in times[DIRECT])
-    direct_cpu = median(t.cpu for t in times[DIRECT])
+# --- the tables ------------------------------------------------------------------------------
+
+GATE_ARGV = "kernel-bootstrap run --config C -- -m ipykernel_launcher -f F"
+STARTS = ((SERVED, "served, after the first (server up)", GATE_ARGV),
+          (FIRST, "served, first start (no server yet)", GATE_ARGV),
+          (BARE, "bare: through `run`, `kernel-server = false`", GATE_ARGV),
+          (DIRECT, "`--direct`", "VENV/bin/python -m ipykernel_launcher -f F"))
+
+
+def start_table(times: dict[str, list[Timing]], rounds: int) -> Table:
+    bare, direct = (median(t.wall for t in times[k]) for k in (BARE, DIRECT))
     rows = []
-    for label, name, argv in (("through `kernel-bootstrap run` (the default)", GATE,
-                               "kernel-bootstrap run --config C -- -m ipykernel_launcher -f F"),
-                              ("`--direct`", DIRECT, "VENV/bin/python -m ipykernel_launcher -f F")):
-        wall = [t.wall for t in times[name]]
-        cpu = median(t.cpu for t in times[name])
+    for key, label, argv in STARTS:
+        if key not in times:
+            continue
+        wall = [t.wall for t in times[key]]
         q1, q3 = quartiles(wall)
         rows.append([label, f"`{argv}`", ms(median(wall)), f"{ms(q1)}-{ms(q3)}",
-                     ratio(median(wall), direct), ms(cpu), ratio(cpu, direct_cpu)])
-    return Table("Warm kernel start by jupyter_client, start_kernel to kernel_info reply",
-                 ["kernelspec", "argv", "median ms", "IQR ms", "vs --direct", "kernel CPU ms",
-                  "CPU vs --direct"], rows,
-                 [f"Median of {rounds} interleaved rounds; target: the gate <= 1.03x --direct.",
-                  f"Runtime {', '.join(RUNTIME)} (real uv), two Python skills; both "
-                  "kernelspecs installed by `kernelspec install` for the same config."])
+                     ratio(median(wall), bare), ratio(median(wall), direct),
+                     ms(median(t.cpu for t in times[key]))])
+    return Table("Kernel start by jupyter_client, start_kernel to kernel_info reply (direct probe)",
+                 ["kernelspec", "argv", "median ms", "IQR ms", "vs bare", "vs --direct",
+                  "launched process CPU ms"], rows,
+                 [f"Median of {rounds} interleaved rounds; each kernel shut down (now=True) and "
+                  "gone before the next start.",
+                  "Launched process CPU: the kernel's for bare and --direct (across the exec), "
+                  "the stand-in's for served (its kernel is the server's child)."])
+
+
+def burst_table(walls: dict[str, list[float]], n: int, rounds: int) -> Table:
+    bare, direct = median(walls[BARE]), median(walls[DIRECT])
+    rows = []
+    for key, label, _ in STARTS:
+        if key in walls:
+            q1, q3 = quartiles(walls[key])
+            rows.append([label.split(",")[0].split(":")[0], secs(median(walls[key])),
+                         f"{secs(q1)}-{secs(q3)}", ratio(median(walls[key]), bare),
+                         ratio(median(walls[key]), direct)])
+    return Table(f"{n} kernels requested at once, until all answered kernel_info",
+                 ["kernelspec", "median wall s", "IQR s", "vs bare", "vs --direct"], rows,
+                 [f"Median of {rounds} interleaved rounds; one thread per kernel, launches "
+                  "serialised as on jupyter_server's event loop, the waits overlapping.",
+                  *(f"Run again: {failure}" for failure in FAILED)])
+
+
+def pss_table(sizes: dict[str, dict[str, tuple[int, int]]], n: int) -> Table:
+    total = {k: sum(kib for kib, _ in parts.values()) for k, parts in sizes.items()}
+    rows = []
+    for key, label, _ in STARTS:
+        if key in sizes:
+            detail = ", ".join(f"{part} {kib / 1024:.0f} MiB ({count})"
+                               for part, (kib, count) in sizes[key].items())
+            rows.append([label.split(",")[0].split(":")[0], detail, f"{total[key] / 1024:.0f}",
+                         f"{total[key] / 1024 / n:.1f}", ratio(total[key], total[BARE]),
+                         ratio(total[key], total[DIRECT])])
+    return Table(f"Memory of {n} idle kernels (summed PSS)",
+                 ["kernelspec", "parts: PSS (processes)", "PSS MiB", "per kernel MiB",
+                  "vs bare", "vs --direct"], rows,
+                 ["served: the stand-ins (launched), the server, and below it its kernels and "
+                  "spares; bare and --direct: the kernels (launched: `run` execs the kernel)."])
+
+
+def verdict(value: float, bar: float, goal: float) -> str:
+    return "goal met" if value <= goal else "bar met" if value <= bar else "**not met**"
+
+
+def targets(starts: dict[str, list[Timing]], walls: dict[str, list[float]],
+            sizes: dict[str, dict[str, tuple[int, int]]], idle: float, idle_seconds: float,
+            ) -> Table:
+    def r(key: str) -> float:
+        return median(t.wall for t in starts[key]) / median(t.wall for t in starts[BARE])
+    burst_r = median(walls[SERVED]) / median(walls[BARE])
+    pss_r = (sum(kib for kib, _ in sizes[SERVED].values())
+             / sum(kib for kib, _ in sizes[BARE].values()))
+    ticks = round(idle * os.sysconf("SC_CLK_TCK"))
+    rows = [["served start (after the first) / bare", "<= 0.25x", "<= 0.1x", f"{r(SERVED):.3f}x",
+             verdict(r(SERVED), 0.25, 0.1)],
+            ["first start, no server yet / bare", "<= 1.1x", "<= 1.03x", f"{r(FIRST):.3f}x",
+             verdict(r(FIRST), 1.1, 1.03)],
+            ["kernels requested at once, all answering / bare, wall", "<= 0.35x", "<= 0.2x",
+             f"{burst_r:.3f}x", verdict(burst_r, 0.35, 0.2)],
+            ["PSS of idle served kernels / bare", "<= 0.6x", "<= 0.4x", f"{pss_r:.3f}x",
+             verdict(pss_r, 0.6, 0.4)],
+            [f"idle server CPU over {idle_seconds:g} s", "~0 (<= 0.05% of a core)",
+             "0 (no clock tick)", f"{ms(idle)} ms ({ticks} ticks)",
+             verdict(idle, idle_seconds * 0.0005, 0.0)]]
+    return Table("Issue 29 targets", ["figure", "bar", "goal", "measured", "verdict"], rows)
 
 
 def fast_variants(world: World) -> dict[str, Callable[[], Timing]]:
@@ -129,7 +300,7 @@ def fast_variants(world: World) -> dict[str, Callable[[], Timing]]:
         "`kernel-bootstrap ensure`": [KERNEL_BOOTSTRAP, "ensure", *config],
     }
     for argv in argvs.values():
-        check(argv, world.env)
+        check(argv, world.env)  # each works, and the first run's compile is not timed
     return {name: functools.partial(run_timed, argv, world.env) for name, argv in argvs.items()}
 
 
@@ -147,11 +318,40 @@ def fast_table(times: dict[str, list[Timing]], rounds: int) -> Table:
                   "exec of the same interpreter: two interpreter starts in one process."])
 
 
+# --- the run ---------------------------------------------------------------------------------
+
+
 def parse(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = bench_parser(__doc__, 21, "kernel starts per kind", "the real uv")
+    p = bench_parser(__doc__, 21, "single kernel starts per kind", "the real uv")
+    p.add_argument("--burst", type=int, default=100, help="kernels requested at once (100)")
+    p.add_argument("--burst-rounds", type=int, default=3, help="rounds of the bursts (3)")
+    p.add_argument("--pss", type=int, default=20, help="idle kernels whose memory is summed (20)")
+    p.add_argument("--idle-seconds", type=float, default=60.0,
+                   help="how long the idle server's CPU is watched (60)")
     p.add_argument("--fast-rounds", type=int, default=51,
                    help="rounds of the `run -- -c pass` table (default 51)")
+    p.add_argument("--no-served", action="store_true",
+                   help="bare and --direct only (a host where kernels are not served)")
     return p.parse_args(argv)
+
+
+def measure(args: argparse.Namespace, world: World) -> list[Table]:
+    served = not args.no_served
+    kinds = [SERVED, BARE, DIRECT] if served else [BARE, DIRECT]
+    singles: dict[str, Callable[[], Timing]] = {
+        BARE: functools.partial(one_start, BARE), DIRECT: functools.partial(one_start, DIRECT)}
+    if served:
+        singles |= {SERVED: served_start, FIRST: first_start}
+    starts = interleave(singles, args.rounds)
+    walls = interleave({k: functools.partial(burst, k, args.burst) for k in kinds},
+                       args.burst_rounds)
+    sizes = {k: pss(k, args.pss) for k in kinds}
+    tables = [start_table(starts, args.rounds), burst_table(walls, args.burst, args.burst_rounds),
+              pss_table(sizes, args.pss)]
+    if served:
+        idle = idle_cpu(args.idle_seconds)
+        tables.insert(0, targets(starts, walls, sizes, idle, args.idle_seconds))
+    return tables
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -159,24 +359,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     root = Path(tempfile.mkdtemp(prefix="kb-bench-kernel-"))
     cwd = os.getcwd()
     try:
+        QUIET["stderr"] = (root / "kernels.log").open("w")  # closed with the process
         ws = open_workspace(root, args.uv)
         os.environ["KERNEL_BOOTSTRAP_UV"] = str(ws.shim)
         os.chdir(root)
-        world = kernel_world(root, args.uv)
+        world = kernel_world(root)
         os.environ.update(world.env)  # jupyter_client starts kernels with our environment
-        for name in (GATE, DIRECT):
-            kernel_start(name)  # each works, and the first start's compile is not timed
+        for name in (BARE, DIRECT) if args.no_served else (SERVED, BARE, DIRECT):
+            one_start(name)  # each works, and the first start's compile is not timed
         calls = log_size(ws.uv_log)
-        kernels = interleave({name: functools.partial(kernel_start, name)
-                              for name in (GATE, DIRECT)}, args.rounds)
-        fast = interleave(fast_variants(world), args.fast_rounds)
+        tables = measure(args, world)
+        tables.append(fast_table(interleave(fast_variants(world), args.fast_rounds),
+                                 args.fast_rounds))
         assert log_size(ws.uv_log) == calls, "a timed start called uv: it was not warm"
-        print(kernel_table(kernels, args.rounds).render(args.markdown))
-        print()
-        print(fast_table(fast, args.fast_rounds).render(args.markdown))
+        print("\n".join(t.render(args.markdown) for t in tables))
+    except BaseException:
+        print("\n".join(log_lines()[-30:]), file=sys.stderr)  # what the kernels said
+        raise
     finally:
         os.chdir(cwd)
-        rmtree(root)
+        try:
+            kernelserver.stop(TAG)
+            kernels.assert_no_orphans(TAG, [root])
+        finally:
+            rmtree(root)
     return 0
 
 

@@ -402,7 +402,8 @@ def test_gc_removes_leftovers_and_says_what_it_removed(world: World) -> None:
 
     result = world.run("gc", "--json")
     assert json.loads(result.stdout) == {"venv": str(world.venv), "done": [],
-                                         "generations": {"removed": [], "in_use": []}}
+                                         "generations": {"removed": [], "in_use": []},
+                                         "kernel_servers_stopped": []}
     assert world.run("gc").stdout == "nothing to remove\n"
 
 

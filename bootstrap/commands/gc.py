@@ -1,12 +1,15 @@
 """``kernel-bootstrap gc``: remove what dead processes left beside the venv and the old
-generations no process uses (saying which it kept because one does), and prune the build cache
-(entries whose skill is gone or that nobody used for 30 days)."""
+generations no process uses (saying which it kept because one does), prune the build cache
+(entries whose skill is gone or that nobody used for 30 days) and the git cache (what no
+skills lock on this machine names and nobody used for 30 days, bootstrap.sources.gc), and stop
+the kernel servers of generations that are gone (bootstrap.kernels.info.stop_stale)."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from bootstrap.config import load_config
 from bootstrap.config_file import find_config_file
@@ -19,10 +22,18 @@ from bootstrap.primitives import lock
 def gc(config_path: Path | None, *, as_json: bool, roots: Sequence[Path] = (),
        grace: float = 30.0, lock_timeout: float = 10.0) -> int:
     """Clean beside the config's venv (when there is a config) and beside each ``--root``."""
-    from bootstrap.skills.buildcache import prune
+    from bootstrap.kernels.info import stop_stale
+    from bootstrap.skills.buildcache import MAX_AGE_DAYS, prune
 
-    # The build cache is the user's, not the config's: pruned whichever venv (if any) we serve.
+    # The build cache and the kernel servers are the user's, not the config's: cleaned
+    # whichever venv (if any) we serve.
     done: list[str] = prune()
+    from bootstrap.sources.gc import prune as prune_git
+
+    done += prune_git(MAX_AGE_DAYS)  # what no skills lock names, unused as long
+    stopped = stop_stale()
+    done += [f"stopped the kernel server of {s['venv']} (pid {s['pid']}): its generation "
+             f"{s['generation']} is gone" for s in stopped]
     removal = generations.Removal([], [])
     if roots:
         from bootstrap.trees.publish import gc_publish_state
@@ -32,7 +43,7 @@ def gc(config_path: Path | None, *, as_json: bool, roots: Sequence[Path] = (),
                                                                lock_timeout=lock_timeout)]
         if config_path is None and not find_config_file(None).exists():
             # Only roots to clean, no venv to look after.
-            return _report(None, done, removal, as_json)
+            return _report(None, done, removal, stopped, as_json)
     config = load_config(config_path)
     # Nothing can be left where nothing was ever built; and taking the lock would create its
     # directory and file on a machine that never ran `ensure`.
@@ -43,16 +54,18 @@ def gc(config_path: Path | None, *, as_json: bool, roots: Sequence[Path] = (),
             done += recover(config.venv)
             removal = generations.remove_unused(config.venv)
     done += [f"removed generation {p}" for p in removal.removed]
-    return _report(config.venv, done, removal, as_json)
+    return _report(config.venv, done, removal, stopped, as_json)
 
 
 def _report(venv: Path | None, done: list[str], removal: generations.Removal,
-            as_json: bool) -> int:
+            stopped: list[dict[str, Any]], as_json: bool) -> int:
     kept = [f"kept generation {p}: in use" for p in removal.kept]
     if as_json:
         print(json.dumps({"venv": str(venv) if venv else None, "done": done,
                           "generations": {"removed": [str(p) for p in removal.removed],
-                                          "in_use": [str(p) for p in removal.kept]}}))
+                                          "in_use": [str(p) for p in removal.kept]},
+                          # Each {"pid", "generation", "venv"}.
+                          "kernel_servers_stopped": stopped}))
     else:
         print("\n".join(done + kept) if done or kept else "nothing to remove")
     return EXIT_OK

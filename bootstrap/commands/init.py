@@ -21,6 +21,12 @@ requirements = ["ipykernel"]
 # Skill directories (each holds a SKILL.md; with a pyproject.toml it is a Python skill that is
 # installed into the venv). Globs are allowed; a glob whose directory does not exist is an error.
 # skills = ["skills/*"]
+# An entry may also be a git source, pinned in skills-lock.toml (https, ssh, git or file URLs;
+# at most one of branch, tag, rev; subdirectory is a path or a glob in the repository):
+# skills = ["skills/*", { git = "https://github.com/anthropics/skills", subdirectory = "skills/*" }]
+
+# Where `ensure` pins git sources (commit and tree sha256). Default: beside this file.
+# skills-lock = "skills-lock.toml"
 
 # The interpreter for the venv: a version ("3.12") or a path.
 # Default: the interpreter running kernel-bootstrap.
@@ -51,6 +57,14 @@ requirements = ["ipykernel"]
 # snapshots (KERNEL_BOOTSTRAP_OFFLINE=1 or UV_OFFLINE=1 mean the same). Without it, an index
 # that cannot be reached makes a session use the caches alone, with a warning.
 # offline = true
+
+# Kernels ready, not just the venv (Linux): a kernel server per venv generation imports
+# ipykernel (and these modules) once and forks each later kernel from it. `false` (or
+# KERNEL_BOOTSTRAP_KERNEL_SERVER=0) starts every kernel the ordinary way. It exits after
+# kernel-idle-timeout seconds without a request.
+# kernel-server = true
+# kernel-preload = ["numpy", "pandas"]
+# kernel-idle-timeout = 900
 """
 
 

@@ -1,4 +1,5 @@
-"""``kernel-bootstrap push SRC... --dest DIR [--exec PREFIX]... [--jobs N] [--prune] [--json]``."""
+"""``kernel-bootstrap push [SRC...] --dest DIR [--exec PREFIX]... [--jobs N] [--prune] [--json]``;
+without SRC, the config's skills (``publish.configured_trees``)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from bootstrap.errors import EXIT_FAILED, EXIT_OK
 
 
 def push(sources: Sequence[Path], dest: str, execs: Sequence[str], jobs: int,
-         as_json: bool, prune: bool = False) -> int:
+         as_json: bool, prune: bool = False, config_path: Path | None = None) -> int:
     """Push into each ``--exec`` runtime (none: the local directory ``dest``).
 
     stdout: one line per runtime and skill, or one JSON object. Each failed runtime is one
@@ -23,6 +24,10 @@ def push(sources: Sequence[Path], dest: str, execs: Sequence[str], jobs: int,
     from bootstrap.trees.push import push as push_async
     from bootstrap.trees.targets import target_for
 
+    if not sources:
+        from bootstrap.commands.publish import configured_trees
+
+        sources = configured_trees(config_path)
     targets = [target_for(p) for p in execs] if execs else [target_for(None)]
     reports = asyncio.run(push_async(sources, dest, targets, jobs, prune=prune))
     if as_json:

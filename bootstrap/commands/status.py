@@ -32,11 +32,19 @@ def status(config_path: Path | None, *, as_json: bool) -> int:
     snapshot = snapshot_info(config)
     lockfile = lockfile_info(config)
     generation = generations.describe(config.venv)
+    server = kernel_server(config.venv)
+    where = skill_places(config)
     if as_json:
-        print(json.dumps({**status_dict(found, held), **lockfile, "snapshot": snapshot,
-                          "generation": generation}))
+        data = status_dict(found, held)
+        data["skills"] = [{**s, **where.get(s["name"], {})} for s in data["skills"]]
+        print(json.dumps({**data, **lockfile, "snapshot": snapshot,
+                          "generation": generation, "kernel_server": server}))
     else:
-        text = _with_generations(_with_origin(render(found, held), config), generation)
+        briefly = {name: f"git {w['source']['git']}@{w['source']['commit'][:12]}"
+                   for name, w in where.items() if "source" in w}
+        text = _with_generations(_with_origin(render(found, held, briefly), config),
+                                 generation)
+        text = _with_kernel_server(text, server)
         if lockfile:
             text = _with_lockfile(text, config, lockfile["lockfile"])
         print(text)
@@ -102,6 +110,22 @@ def _with_generations(text: str, generation: dict[str, Any]) -> str:
     return "\n".join([*lines, verdict])
 
 
+def kernel_server(venv: Path) -> dict[str, Any] | None:
+    """What the venv's live kernel server says of itself (asked over its socket, 1 s at most):
+    ``{pid, generation, started, kernels_started, spares}``; None when none answers."""
+    from bootstrap.kernels.info import describe
+
+    return describe(venv)
+
+
+def _with_kernel_server(text: str, server: dict[str, Any] | None) -> str:
+    *lines, verdict = text.splitlines()
+    lines.append("kernel server: none" if server is None else
+                 f"kernel server: pid {server['pid']}, generation {server['generation']}, "
+                 f"{server['kernels_started']} kernels started")
+    return "\n".join([*lines, verdict])
+
+
 def _with_lockfile(text: str, config: Config, state: str) -> str:
     # Just above the verdict, whose advice must come first when the lock is what is wrong.
     *lines, verdict = text.splitlines()
@@ -109,6 +133,23 @@ def _with_lockfile(text: str, config: Config, state: str) -> str:
     if state != "current" and not verdict.endswith("yes"):
         verdict = "ready:   no; run `kernel-bootstrap lock`, then `kernel-bootstrap ensure`"
     return "\n".join([*lines, verdict])
+
+
+def skill_places(config: Config) -> dict[str, dict[str, Any]]:
+    """Each configured skill's ``path`` (a git skill's: its materialised tree) and, for a git
+    skill, its ``source`` as the skills lock pins it (the URL without credentials)."""
+    out: dict[str, dict[str, Any]] = {s.name: {"path": str(s.path)} for s in config.skills}
+    if not config.git_sources or config.skills_lock is None:
+        return out
+    from bootstrap.sources import lockfile
+    from bootstrap.sources.materialise import tree_path
+
+    keys = {lockfile.source_key(s) for s in config.git_sources}
+    for e in lockfile.read(config.skills_lock):
+        place = out.get(e.name)
+        if e.source_key in keys and place and place["path"] == str(tree_path(e.sha256, e.name)):
+            place["source"] = {"git": e.git, "commit": e.commit, "sha256": e.sha256}
+    return out
 
 
 def status_dict(found: Status, held: LockInfo) -> dict[str, Any]:
@@ -134,7 +175,8 @@ def _skill_dict(skill: SkillStatus) -> dict[str, Any]:
     return {**entry, **skill.failure.as_json()} if skill.failure is not None else entry
 
 
-def render(found: Status, held: LockInfo) -> str:
+def render(found: Status, held: LockInfo, sources: dict[str, str] | None = None) -> str:
+    """The text status; ``sources``: skill name -> where it comes from, said briefly."""
     lines = [
         f"venv:    {found.venv}",
         f"python:  {found.python}",
@@ -155,7 +197,8 @@ def render(found: Status, held: LockInfo) -> str:
             kind = "python" if s.python else "plain"
             error = f"  {_last_line(s.error)}" if s.error else ""
             error += f" ({_when(s.failure)})" if s.failure else ""
-            lines.append(f"  {s.name:<{width}}  {s.state:<9}  {kind}{error}")
+            origin = f"  {sources[s.name]}" if sources and s.name in sources else ""
+            lines.append(f"  {s.name:<{width}}  {s.state:<9}  {kind}{origin}{error}")
             lines += [f"  {'':<{width}}  warning: {w}" for w in s.warnings]
     for name in found.stray:
         lines.append(f"  {name}  recorded but no longer configured (ensure uninstalls it)")

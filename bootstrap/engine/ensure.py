@@ -42,18 +42,34 @@ if TYPE_CHECKING:
 
 def ensure(config: Config, *, lock_timeout: float = 300.0, force: bool = False,
            reinstall: frozenset[str] = frozenset(), retry: bool = False,
-           why: tuple[str, ...] = ()) -> EnsureResult:
+           why: tuple[str, ...] = (), locked: bool = False) -> EnsureResult:
     """Make ``config``'s environment ready and return its interpreter.
 
     ``force`` rebuilds the runtime even when it is current (``repair --force``, or a problem
     ``repair`` found, which ``why`` names for the log); ``reinstall`` names skills to reinstall
     even if uv believes them installed (``repair`` of a damaged one); ``retry`` retries every
-    failure now, backing off or not (``ensure --retry``, ``repair``).
+    failure now, backing off or not (``ensure --retry``, ``repair``). Git sources are locked,
+    fetched and checked first (bootstrap.sources.prepare; ``locked``: the skills lock must
+    match them already).
     """
     if config.override_python is not None:
         from bootstrap.engine.override import ensure_override
 
         return ensure_override(config)
+    if config.git_sources or locked or (
+            config.skills_lock is not None and os.path.isfile(config.skills_lock)):
+        from bootstrap.engine import sources
+
+        prepared, failed = sources.prepare(config, locked=locked)
+        result = _ensure(prepared, lock_timeout=lock_timeout, force=force,
+                         reinstall=reinstall, retry=retry, why=why)
+        return sources.merged(result, failed, config)
+    return _ensure(config, lock_timeout=lock_timeout, force=force, reinstall=reinstall,
+                   retry=retry, why=why)
+
+
+def _ensure(config: Config, *, lock_timeout: float, force: bool, reinstall: frozenset[str],
+            retry: bool, why: tuple[str, ...]) -> EnsureResult:
     live = Venv.at(config.venv)
     config_stamps = fingerprint.input_stamps(_config_paths(config))
     venv_stamps = fingerprint.stamps(_venv_paths(live))
@@ -233,6 +249,10 @@ def _config_paths(config: Config) -> list[str]:
         paths.append(config.constraints)
     if config.lock:
         paths.append(config.lock)
+    if config.git_sources and config.skills_lock:
+        # Its entries choose the git skills' trees: an edit (another commit, a stale entry)
+        # must send the next start the long way, which reads it.
+        paths.append(config.skills_lock)
     paths += config.watch
     for skill in config.skills:
         paths += [skill.path, skill.path / skillmd.SKILL_FILE, skill.pyproject]
@@ -254,7 +274,7 @@ def _remember(config: Config, venv: Venv, stamped: list[tuple[str, str]],
     until = min((f.retry_at for _, f in failures), default=None)
     invalid = tuple((s.name, s.error or "") for s in (found.invalid if found else []))
     fingerprint.save(str(config.path), str(venv.path), str(venv.python), stamped, failed, until,
-                     invalid=invalid)
+                     invalid=invalid, kernel_server=config.kernel_server)
 
 
 def _say_why_rebuild(found: Status, force: bool, asked: tuple[str, ...]) -> None:

@@ -240,7 +240,8 @@ def refuse_rebuild(config: Config, failure: Failure | None, stamped: list[tuple[
 def remember_refusal(config: Config, failure: Failure, stamped: list[tuple[str, str]]) -> None:
     if stamped and config.path is not None:
         fingerprint.save(str(config.path), str(config.venv), str(interpreter(config.venv)), stamped,
-                  until=failure.retry_at, refused=backed_off_message(failure))
+                  until=failure.retry_at, refused=backed_off_message(failure),
+                  kernel_server=config.kernel_server)
 
 
 def clear_rebuild_failure(venv: Path) -> None:

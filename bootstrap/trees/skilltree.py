@@ -17,9 +17,10 @@ import platform
 import posixpath
 import re
 import stat
+import struct
 import sys
 import unicodedata
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal
@@ -33,6 +34,8 @@ EntryKind = Literal["file", "dir", "symlink"]
 _CHUNK: Final = 1024 * 1024
 # Bumped whenever the record layout changes, so old and new hashes never compare equal.
 _HASH_TAG: Final = b"kernel-bootstrap tree v1"
+_LENGTH: Final = struct.Struct(">Q")  # each field's length prefix
+_KIND_FIELDS: Final = {k: _LENGTH.pack(len(k)) + k.encode() for k in ("file", "dir", "symlink")}
 
 
 @dataclass(frozen=True)
@@ -200,25 +203,34 @@ def is_tree_hash(value: object) -> bool:
 def hash_records(tree: SkillTree, file_digests: Iterator[bytes] | Sequence[bytes]) -> str:
     """:func:`tree_hash` with the file digests supplied, in entry order (e.g. from a copy)."""
     digests = iter(file_digests)
-    h = hashlib.sha256()
-    _field(h, _HASH_TAG)
-    for e in tree.entries:
-        if e.kind == "file":
-            content = next(digests, None)
-            if content is None:
-                raise AssertionError("BUG: fewer file digests than file entries")
-        else:
-            content = (e.target or "").encode("utf-8")
-        mode = 0 if e.kind == "symlink" else e.mode
-        for value in (e.rel.encode("utf-8"), e.kind.encode(), b"%o" % mode, b"%d" % e.size,
-                      content):
-            _field(h, value)
-    return f"sha256:{h.hexdigest()}"
+
+    def records() -> Iterator[tuple[str, str, int, int, bytes]]:
+        for e in tree.entries:
+            if e.kind == "file":
+                content = next(digests, None)
+                if content is None:
+                    raise AssertionError("BUG: fewer file digests than file entries")
+            else:
+                content = (e.target or "").encode("utf-8")
+            yield e.rel, e.kind, e.mode, e.size, content
+
+    return hash_fields(records())
 
 
-def _field(h: hashlib._Hash, value: bytes) -> None:
-    h.update(len(value).to_bytes(8, "big"))
-    h.update(value)
+def hash_fields(records: Iterable[tuple[str, str, int, int, bytes]]) -> str:
+    """:func:`hash_records` over (rel, kind, mode, size, content) tuples in entry order: the one
+    definition of the record stream, for a caller that walked the tree itself (``verify``)."""
+    # Each field length-prefixed (8 bytes, big-endian), joined and hashed in one update: the
+    # bytes are those of one update per field, at a third of the time (verify hashes 100s).
+    prefix = _LENGTH.pack
+    parts = [prefix(len(_HASH_TAG)), _HASH_TAG]
+    for rel, kind, mode, size, content in records:
+        path = rel.encode("utf-8")
+        perms = b"%o" % (0 if kind == "symlink" else mode)
+        length = b"%d" % size
+        parts += (prefix(len(path)), path, _KIND_FIELDS[kind], prefix(len(perms)), perms,
+                  prefix(len(length)), length, prefix(len(content)), content)
+    return f"sha256:{hashlib.sha256(b''.join(parts)).hexdigest()}"
 
 
 def file_digest(path: Path) -> bytes:

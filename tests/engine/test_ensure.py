@@ -209,7 +209,8 @@ def test_status_reports_every_field_of_the_contract(world: World) -> None:
     assert status["lock"] == {"held": False, "pid": None}
     skills = {s["name"]: s for s in status["skills"]}
     assert skills["notes"] == {"name": "notes", "python": False, "state": "installed",
-                               "error": None, "warnings": []}
+                               "error": None, "warnings": [],
+                               "path": str(world.skills_dir / "notes")}
     assert skills["alpha"]["state"] == "installed"
     world.skill("alpha", version="9.0")
     assert {s["name"]: s["state"] for s in world.status()["skills"]}["alpha"] == "stale"

@@ -137,6 +137,7 @@ def test_status_during_a_skill_back_off_says_to_retry(tmp_path: Path) -> None:
         "  beta   failed     python  cause: fake build failure for beta (FAKE_UV_FAIL) "
         f"(2 times; next try after {iso(T0 + 60)})",
         f"generation: {_generation(world)}",
+        "kernel server: none",
         "ready:   no; run `kernel-bootstrap repair` after fixing the failed skills, or "
         "`kernel-bootstrap ensure --retry`", ""]), "")
 
@@ -166,5 +167,6 @@ lock:    free
 skills:
   greeter  recorded but no longer configured (ensure uninstalls it)
 generation: {_generation(world)}
+kernel server: none
 ready:   no; run `kernel-bootstrap ensure`
 """, "")

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from testing import kernels, reaper
 from testing.uvlog import Call, real_uv_shim
 from testing.world import World
 
@@ -91,6 +94,35 @@ def real(tmp_path: Path) -> RealWorld:
     world = RealWorld(tmp_path)
     world.env.update({"UV_CACHE_DIR": os.environ["UV_CACHE_DIR"]})
     return world
+
+
+def with_kernelspec(world: RealWorld, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> RealWorld:
+    """``world`` with its kernelspec installed for the user, in a Jupyter data dir of the test's
+    (which jupyter_client then searches too); the test process's environment becomes the
+    world's, so that what jupyter_client starts (stand-ins, kernels, the servers they spawn)
+    uses its uv and caches."""
+    data = tmp_path / "jupyter-data"
+    world.env["JUPYTER_DATA_DIR"] = str(data)
+    result = world.run("kernelspec", "install", "--json", timeout=600)
+    assert result.returncode == 0, result.stderr
+    monkeypatch.setenv("JUPYTER_DATA_DIR", str(data))
+    for key, value in world.env.items():
+        monkeypatch.setenv(key, value)
+    return world
+
+
+@pytest.fixture(autouse=True)
+def no_kernel_left(tmp_path: Path) -> Iterator[None]:
+    """After each test, no kernel, stand-in or kernel server of the test is left running: its
+    servers get SIGTERM (they outlive a test by design, up to their idle timeout), its kernels a
+    few seconds to end; whatever is left is killed and fails the test (testing.kernels).
+    prime-agent's kernel template once leaked 55 orphaned kernels (issue 29): here a leak is a
+    failure, not something the suite's reaper quietly cleans up."""
+    tag = os.environ.get(reaper.TAG)
+    home = Path(os.environ["HOME"])
+    yield
+    if sys.platform == "linux":
+        kernels.assert_no_orphans(tag, [tmp_path, home])
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

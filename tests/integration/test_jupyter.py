@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import RealWorld
+from tests.integration.conftest import RealWorld, with_kernelspec
 
 jupyter_client = pytest.importorskip("jupyter_client")
 
@@ -21,16 +21,7 @@ def kernel_world(real: RealWorld, tmp_path: Path,
     Jupyter data dir of the test's, which jupyter_client then searches too)."""
     real.write_config(requirements=["ipykernel>=6"])
     real.skill("alpha")
-    data = tmp_path / "jupyter-data"
-    real.env["JUPYTER_DATA_DIR"] = str(data)
-    result = real.run("kernelspec", "install", "--json", timeout=600)
-    assert result.returncode == 0, result.stderr
-    monkeypatch.setenv("JUPYTER_DATA_DIR", str(data))
-    # jupyter_client starts the kernel with our environment plus the spec's env: make ours the
-    # world's (its uv, its caches).
-    for key, value in real.env.items():
-        monkeypatch.setenv(key, value)
-    yield real
+    yield with_kernelspec(real, tmp_path, monkeypatch)
 
 
 def run_in_kernel(code: str) -> tuple[dict[str, Any], str, int]:

@@ -60,7 +60,8 @@ def test_a_repeated_failure_is_not_retried_before_its_time_and_the_start_is_warm
     _fail_twice(world)
     assert _skill(world, "beta", **at(1)) | {"error": ""} == {
         "name": "beta", "python": True, "state": "failed", "error": "", "warnings": [],
-        "failures": 2, "retry_at": backoff.iso(T0 + 60)}
+        "failures": 2, "retry_at": backoff.iso(T0 + 60),
+        "path": str(world.skills_dir / "beta")}
     for seconds in (1, 30, 59):
         result = world.ensure("--json", env=at(seconds, **BROKEN))
         out = json.loads(result.stdout)

@@ -1,0 +1,52 @@
+"""Git sources in ``ensure``: the config's skills completed by ``bootstrap.sources.prepare``,
+and its failures folded into ensure's result.
+
+Here, in the engine, because the sources family stands below the config's layer (the config
+parses git entries with it) and so knows no Config. ``kernel-bootstrap lock`` calls
+:func:`prepare` with ``upgrade``; ``ensure``/``run`` call it through
+:func:`bootstrap.engine.ensure.ensure`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from bootstrap.config import Config, Skill
+from bootstrap.engine.results import EnsureResult
+from bootstrap.primitives import log
+from bootstrap.sources import prepare as sources
+
+
+def wanted(config: Config, *, locked: bool = False) -> bool:
+    """Whether ``config`` has git sources, or a skills lock to keep in step (a stat at most)."""
+    return bool(config.git_sources) or locked or (
+        config.skills_lock is not None and os.path.isfile(config.skills_lock))
+
+
+def prepare(config: Config, *, upgrade: bool = False,
+            locked: bool = False) -> tuple[Config, dict[str, str]]:
+    """``config`` with every usable git skill in ``skills``, and the failed ones (name ->
+    why). ``upgrade``: resolve every source again; ``locked``: the lock must match (exit 2)."""
+    if config.skills_lock is None or not wanted(config, locked=locked):
+        return config, {}
+    local = tuple(s for s in config.skills if not sources.is_git(s.path))
+    done = sources.prepare(config.git_sources, config.skills_lock,
+                           local={s.name: s.path for s in local}, offline=config.offline,
+                           upgrade=upgrade, locked=locked)
+    git = tuple(Skill(s.name, s.path) for s in done.skills)
+    return dataclasses.replace(config, skills=local + git), done.failed
+
+
+def merged(result: EnsureResult, failed: dict[str, str], config: Config) -> EnsureResult:
+    """``result`` with the git sources' failures, each warned about; with any, the warm
+    fingerprint is forgotten: the next start must not answer "ready" without them."""
+    if not failed:
+        return result
+    for name, error in failed.items():
+        log.warning(f"skill {name} failed: {error}", skill=name)
+    if config.path is not None:
+        from bootstrap import fingerprint
+
+        fingerprint.forget(str(config.path))
+    return dataclasses.replace(result, failed={**failed, **result.failed})

@@ -1,0 +1,205 @@
+"""What a forked kernel does before ipykernel runs: become a fresh start of the request.
+
+After the fork (in :mod:`loop`) the process is the server's copy; :class:`Job` turns it into the
+kernel ``python -m ipykernel_launcher -f FILE`` would have been, as far as user code can tell:
+its own session and process group (``setsid``), the stand-in's stdin/stdout/stderr on 0-2 and no
+other descriptor of the server's or of another kernel's (the generation pin's ``.in-use`` lock
+stays: it keeps the generation from removal, as in any process of the venv), the request's cwd,
+``os.environ`` and what is read from it at start (``TZ``, ``tempfile``'s directory, the
+``sys.path[0]`` that ``-m`` puts first), ``sys.argv`` as asked, ``random`` (and a preloaded
+``numpy.random``) reseeded from ``os.urandom``, default signal handlers, fresh standard streams.
+What cannot match: the hash seed (``PYTHONHASHSEED`` is drawn once per interpreter; a forked
+kernel shares its server's), environment variables that act only at interpreter start (such a
+request gets the ordinary start, :func:`bootstrap.kernels.protocol.ordinary_reason`), and what a
+``kernel-preload`` module read from the environment when it was imported.
+
+A watchdog thread started here (never in the server: threads do not survive a fork) kills the
+kernel's process group when the request connection reaches EOF: the stand-in died, even by
+SIGKILL. ipykernel's parent poller is switched off instead: the kernel's parent is the server,
+and it would shut the kernel down when the server exits (the stand-in watches the launcher).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import signal
+import socket
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from bootstrap.kernels import protocol
+
+
+@dataclass
+class Job:
+    conn: socket.socket
+    fds: list[int]
+    ready: int
+    argv: list[str]
+    cwd: str
+    env: dict[str, str]
+    closing: Callable[[], None]
+    code: list[int] = field(default_factory=lambda: [0])
+
+    def __call__(self) -> None:
+        """Become the kernel and run it at the top level of the interpreter (``BOOT``)."""
+        os.setsid()
+        self.closing()
+        _default_signals()
+        self._descriptors()
+        self._environment()
+        _fresh_state()
+        self._hooks()
+        self._run()
+
+    def _descriptors(self) -> None:
+        for target, fd in enumerate(self.fds):
+            os.dup2(fd, target)
+        keep = {0, 1, 2, self.conn.fileno(), self.ready}
+        pin = os.path.join(os.path.realpath(sys.prefix), ".in-use")
+        for name in os.listdir("/proc/self/fd"):
+            fd = int(name)
+            if fd in keep:
+                continue
+            with contextlib.suppress(OSError):  # the descriptor listdir itself used: gone
+                if os.readlink(f"/proc/self/fd/{fd}") == pin:
+                    continue  # the generation pin's lock: see the module docstring
+                os.close(fd)
+        _fresh_streams()
+
+    def _environment(self) -> None:
+        os.chdir(self.cwd)
+        os.environ.clear()
+        os.environ.update(self.env)
+        module = self.argv[1]
+        sys.argv = [module, *self.argv[2:]]  # runpy puts the module's file first
+        sys.orig_argv = [sys.executable, *self.argv]
+        # `-c` (the server) put "" first; `-m` puts the cwd of the start, absolute.
+        sys.path[:1] = [self.cwd] if sys.path[:1] == [""] else [self.cwd, *sys.path[:1]]
+
+    def _hooks(self) -> None:
+        """The last word (``{"last": code}``) at exit, the watchdog, and ipykernel's hooks."""
+        conn, code = self.conn, self.code
+
+        def last_word() -> None:
+            with contextlib.suppress(OSError):  # nobody listens any more
+                conn.send(protocol.encode({"last": code[0]}), socket.MSG_DONTWAIT)
+
+        atexit.register(last_word)  # registered first: runs after every other exit hook
+        _watchdog(conn.fileno())
+        _ipykernel_hooks(self.ready)
+
+    def _run(self) -> None:
+        import runpy
+
+        for name in [n for n in sys.modules if n == "bootstrap" or n.startswith("bootstrap.")]:
+            del sys.modules[name]  # the server's own modules: not the user's `bootstrap`
+        try:
+            runpy.run_module(self.argv[1], run_name="__main__", alter_sys=True)
+        except SystemExit as e:
+            self.code[0] = _exit_code(e.code)
+            raise
+        except BaseException:
+            self.code[0] = 1
+            raise
+
+
+def _exit_code(code: object) -> int:
+    if code is None:
+        return 0
+    return code if isinstance(code, int) else 1
+
+
+def _default_signals() -> None:
+    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD, signal.SIGQUIT,
+                   signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(signum, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own at start
+
+
+def _fresh_streams() -> None:
+    """New ``sys.std*`` on descriptors 0-2, buffered as the interpreter would have at start for
+    these descriptors (the server's were made for /dev/null and its log)."""
+    import io
+
+    def stream(fd: int, mode: str, old: io.TextIOWrapper, line: bool) -> io.TextIOWrapper:
+        raw = open(fd, mode + "b", closefd=False)  # noqa: SIM115  # lives as sys.std*
+        return io.TextIOWrapper(raw, encoding=old.encoding, errors=old.errors,
+                                line_buffering=line)
+
+    # As the interpreter sets them at start: sys.__std*__ too (ipykernel echoes to those).
+    streams = (stream(0, "r", sys.__stdin__, False),  # type: ignore[arg-type]
+               stream(1, "w", sys.__stdout__, os.isatty(1)),  # type: ignore[arg-type]
+               stream(2, "w", sys.__stderr__, True))  # type: ignore[arg-type]
+    for name, value in zip(("stdin", "stdout", "stderr"), streams):  # noqa: B905  # 3.9 too
+        setattr(sys, name, value)
+        setattr(sys, f"__{name}__", value)
+
+
+def _fresh_state() -> None:
+    """What modules imported in the server computed from its environment or pid."""
+    import random
+    import time
+
+    time.tzset()
+    tempfile: Any = sys.modules.get("tempfile")
+    if tempfile is not None:
+        tempfile.tempdir = None  # recomputed from $TMPDIR at first use
+    random.seed()
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        with contextlib.suppress(Exception):  # a numpy without the legacy global state
+            numpy.random.seed()
+
+
+def _watchdog(fd: int) -> None:
+    """A thread that kills the kernel's process group when the stand-in's end closes."""
+    import select
+    import threading
+
+    def watch() -> None:
+        poll = select.poll()
+        poll.register(fd, select.POLLIN | select.POLLRDHUP)
+        while True:
+            poll.poll()
+            try:
+                data = os.read(fd, 4096)
+            except BlockingIOError:
+                continue
+            except OSError:
+                data = b""
+            if not data:
+                os.killpg(0, signal.SIGKILL)
+
+    threading.Thread(target=watch, name="kernel-bootstrap-watchdog", daemon=True).start()
+
+
+def _ipykernel_hooks(ready: int) -> None:
+    """Tell the server when ``IPKernelApp.initialize()`` is done (it bounds how many kernels
+    start at once), and create no parent poller (see the module docstring)."""
+    import importlib
+
+    try:
+        app = importlib.import_module("ipykernel.kernelapp").IPKernelApp
+    except (ImportError, AttributeError):
+        os.close(ready)
+        return
+    initialize = app.initialize
+    open_ = [ready]  # closed once: the number may be another file's afterwards
+
+    def initialized(self: object, argv: list[str] | None = None) -> None:
+        try:
+            initialize(self, argv)
+        finally:
+            while open_:
+                os.close(open_.pop())
+
+    def no_poller(self: object) -> None:
+        self.poller = None  # type: ignore[attr-defined]
+
+    app.initialize = initialized
+    app.init_poller = no_poller

@@ -1,0 +1,158 @@
+"""The client: ``run`` hands an ipykernel launch to the venv's kernel server, and stays as the
+kernel's stand-in, indistinguishable from the kernel to whoever launched it.
+
+:func:`launch` runs on the warm path right before the exec: on the way to the ordinary start
+(no server yet, the first start) it imports nothing beyond ``os`` and this package's
+``places``/``protocol``/``spawn``, and spawns the server without waiting for it. With a server,
+``_socket`` (not ``socket``: its enum and selectors imports cost more than the rest) and
+``json``.
+
+The stand-in forwards SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 to the kernel through
+a pidfd (jupyter_client interrupts with ``killpg`` of the process group it started: ours), exits
+as the kernel did (a signal death is re-raised on itself with the default action), and, when it
+dies itself, the kernel's watchdog sees its end of the connection close and kills the kernel.
+It also plays ipykernel's parent poller, which the served kernel cannot run (its parent is the
+server): when the launcher that set ``JPY_PARENT_PID`` goes away, the kernel is killed and the
+stand-in exits 1, as a bare kernel does.
+"""
+
+from __future__ import annotations
+
+import os
+
+from bootstrap.kernels import places, protocol
+
+CONNECT_TIMEOUT = 2.0  # connect, send, and the server's first answer ("queued")
+FORK_TIMEOUT = 120.0  # queued -> forked: a burst of 100 on two cores takes tens of seconds
+
+
+class _Refused(Exception):
+    """The server answered, but not with a kernel (``stale``, ``ordinary``, ``error``)."""
+
+
+def launch(venv: str, python: str, python_args: list[str], config_file: str) -> None:
+    """Become the stand-in of a kernel the venv's server forked for ``python_args`` (never
+    returns), or return so that the caller starts the kernel the ordinary way: not a kernel
+    launch, no server (one is spawned), a stale one, any failure (one warning when a server
+    was there and did not answer)."""
+    if protocol.served_module(python_args) is None:
+        return
+    directory = places.server_dir(venv)
+    if directory is None:
+        return
+    try:
+        dirfd = places.open_dir(directory, create=False)
+    except OSError:
+        _spawn(config_file)
+        return
+    try:
+        _ask(dirfd, python_args, config_file)
+    finally:
+        os.close(dirfd)
+
+
+def _ask(dirfd: int, python_args: list[str], config_file: str) -> None:
+    import _socket
+
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    sock.settimeout(CONNECT_TIMEOUT)
+    try:
+        sock.connect(places.sock_path(dirfd))
+    except OSError:  # no socket, or nobody listening: no server, or one still starting up
+        sock.close()
+        if not _server_alive(dirfd):
+            _spawn(config_file)
+        return
+    try:
+        pid = _request(sock, python_args)
+    except _Refused as e:
+        sock.close()
+        if str(e) == "stale":
+            _spawn(config_file)
+        return
+    except (OSError, ValueError) as e:
+        sock.close()
+        _warn(f"the kernel server did not answer ({e or type(e).__name__})")
+        return
+    _stand_in(sock, pid)
+
+
+def _request(sock, python_args: list[str]) -> int:  # type: ignore[no-untyped-def]  # _socket
+    """Send the request with our descriptors 0-2 and wait until the kernel is forked."""
+    import _socket
+    import struct
+
+    request: dict[str, object] = {"kind": "kernel", "argv": python_args, "cwd": os.getcwd(),
+                                  "env": dict(os.environ)}
+    data = protocol.encode(request)
+    fds = struct.pack(f"{protocol.N_FDS}i", *range(protocol.N_FDS))
+    sent = sock.sendmsg([data], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fds)])
+    if sent < len(data):
+        sock.sendall(data[sent:])
+    lines = protocol.Lines()
+    queue: list[bytes] = []
+    while True:
+        message = _next(sock, lines, queue)
+        if message is None:
+            raise ValueError("the server closed the connection")
+        if "pid" in message and isinstance(message["pid"], int):
+            return message["pid"]
+        if message.get("queued"):
+            sock.settimeout(FORK_TIMEOUT)
+            continue
+        if message.get("stale"):
+            raise _Refused("stale")
+        if "ordinary" in message:
+            raise _Refused("ordinary")
+        raise ValueError(str(message.get("error", "unexpected answer")))
+
+
+def _next(sock, lines: protocol.Lines, queue: list[bytes]) -> dict[str, object] | None:  # type: ignore[no-untyped-def]
+    """The next message on ``sock``; None at EOF."""
+    while not queue:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return None
+        queue += lines.feed(chunk)
+    message = protocol.decode(queue.pop(0))
+    if message is None:
+        raise ValueError("a malformed answer")
+    return message
+
+
+def _server_alive(dirfd: int) -> bool:
+    """Whether a server holds the directory's lock (it may be starting: not listening yet)."""
+    import fcntl
+
+    try:
+        fd = os.open(places.LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dirfd)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def _spawn(config_file: str) -> None:
+    from bootstrap.kernels import spawn
+
+    spawn.start(config_file, after=os.getpid())
+
+
+def _warn(text: str) -> None:
+    try:  # noqa: SIM105  # contextlib: an import the warm path does not pay
+        os.write(2, f"kernel-bootstrap: warning: {text}; starting the kernel the ordinary way\n"
+                 .encode(errors="replace"))
+    except OSError:
+        pass
+
+
+def _stand_in(sock, pid: int) -> None:  # type: ignore[no-untyped-def]
+    """Be the kernel ``pid`` to our launcher until it ends, then exit as it did."""
+    from bootstrap.kernels import standin
+
+    standin.StandIn(sock, pid).run()

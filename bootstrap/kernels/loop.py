@@ -1,0 +1,304 @@
+"""The kernel server's loop: accept, check the peer, read a request, fork a kernel, reap it.
+
+One thread and a ``selectors`` loop, so that a fork copies a process with no other thread, no
+zmq context and no event loop in it. Signals arrive through ``signal.set_wakeup_fd`` (SIGCHLD:
+reap; SIGTERM, SIGINT, SIGHUP: stop). At most :data:`INITIALISING` kernels start at once: a burst
+of 100 requests queues (each told ``queued`` at once), it does not fork 100 kernels that then
+fight for two cores. A kernel counts as starting until ``IPKernelApp.initialize()`` returned in
+it (it closes a pipe then), it ended, or :data:`SETTLE` seconds passed.
+
+The fork returns the kernel's job up the stack to ``template.main`` (see ``template.BOOT``): the
+loop holds no ``finally`` and no context manager a kernel would run on its way out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import selectors
+import signal
+import socket
+import struct
+import sys
+import time
+from collections import deque
+from typing import Any
+
+from bootstrap.kernels import places, protocol
+from bootstrap.kernels.key import Key
+from bootstrap.kernels.serverlog import say
+
+INITIALISING = max(2, min(4, os.cpu_count() or 2))
+SETTLE = 5.0
+READ_TIMEOUT = 5.0  # for a client's request to arrive whole
+STALE_CHECK = 10.0  # between checks of the key while idle (a stale server holds its generation)
+_STOP = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+class Pending:
+    """A connection whose request is being read, or waits for its kernel."""
+
+    def __init__(self, conn: socket.socket) -> None:
+        self.conn = conn
+        self.lines = protocol.Lines()
+        self.fds: list[int] = []
+        self.deadline = time.monotonic() + READ_TIMEOUT
+        self.request: tuple[list[str], str, dict[str, str]] | None = None
+
+    def close(self) -> None:
+        for fd in self.fds:
+            os.close(fd)
+        self.fds = []
+        self.conn.close()
+
+
+class Server:
+    def __init__(self, dirfd: int, lockfd: int, key: Key, idle_timeout: float,
+                 started_env: dict[str, str], imported_env: dict[str, str]) -> None:
+        self.dirfd, self.lockfd, self.key, self.idle_timeout = dirfd, lockfd, key, idle_timeout
+        # The environment the interpreter started with (what a request must match, see
+        # protocol.ordinary_reason), and what the preload's imports set in it since.
+        self.started_env, self.imported_env = started_env, imported_env
+        self.started = time.time()
+        self.kernels_started = 0
+        self.selector = selectors.DefaultSelector()
+        self.reading: dict[int, Pending] = {}
+        self.queue: deque[Pending] = deque()
+        self.kernels: dict[int, socket.socket] = {}  # pid -> its request connection
+        self.starting: dict[int, tuple[int, float]] = {}  # pid -> (ready pipe, deadline)
+        self.last_request = time.monotonic()
+        self.stop: str | None = None
+
+    def run(self) -> Any:
+        """Serve until idle, stale or signalled (None), or return a forked kernel's job."""
+        self._listen()
+        say(f"serving {self.key.generation} (pid {os.getpid()})")
+        next_check = time.monotonic() + STALE_CHECK
+        while self.stop is None:
+            for key, _ in self.selector.select(self._timeout(next_check)):
+                job = key.data(key.fileobj)
+                if job is not None:
+                    return job
+            now = time.monotonic()
+            if now >= next_check:
+                next_check = now + STALE_CHECK
+                self.stop = self.key.stale()
+            self._expire(now)
+            job = self._fork_next()
+            if job is not None:
+                return job
+        self._close()
+        return None
+
+    def _listen(self) -> None:
+        self.wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(wake_w)
+        for signum in (*_STOP, signal.SIGCHLD):
+            signal.signal(signum, lambda *_: None)  # the wakeup fd carries the number
+        # A dead server's socket, if any: we hold the lock, it is ours to replace.
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(places.SOCK, dir_fd=self.dirfd)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        umask = os.umask(0o077)
+        try:
+            self.sock.bind(places.sock_path(self.dirfd))
+        finally:
+            os.umask(umask)
+        self.sock.listen(128)
+        self.sock.setblocking(False)
+        self.selector.register(self.sock, selectors.EVENT_READ, self._accept)
+        self.selector.register(self.wake_r, selectors.EVENT_READ, self._signalled)
+
+    def _timeout(self, next_check: float) -> float:
+        now = time.monotonic()
+        ends = [next_check, self.last_request + self.idle_timeout]
+        ends += [p.deadline for p in self.reading.values()]
+        ends += [d for _, d in self.starting.values()]
+        return max(0.0, min(ends) - now)
+
+    def _signalled(self, fd: int) -> None:
+        try:
+            received = os.read(fd, 512)
+        except BlockingIOError:
+            return None
+        if signal.SIGCHLD in received:
+            self._reap()
+        for signum in _STOP:
+            if signum in received:
+                self.stop = f"signal {signal.Signals(signum).name}"
+        return None
+
+    def _accept(self, sock: socket.socket) -> None:
+        try:
+            conn, _ = sock.accept()
+        except OSError:
+            return None
+        pid, uid, _ = struct.unpack("3i", conn.getsockopt(
+            socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+        if uid != os.getuid():  # the 0700 directory should already stop them: belt and braces
+            say(f"refused a connection of uid {uid} (pid {pid})")
+            conn.close()
+            return None
+        conn.setblocking(False)
+        pending = Pending(conn)
+        self.reading[conn.fileno()] = pending
+        self.selector.register(conn, selectors.EVENT_READ, self._read)
+        return None
+
+    def _read(self, conn: socket.socket) -> Any:
+        pending = self.reading[conn.fileno()]
+        try:
+            data, fds, _, _ = socket.recv_fds(conn, 65536, protocol.N_FDS + 1)
+        except BlockingIOError:
+            return None
+        except OSError:
+            data, fds = b"", []
+        pending.fds += fds
+        try:
+            lines = pending.lines.feed(data) if data else None
+        except ValueError:
+            lines = None
+        if lines == []:
+            return None
+        self._done_reading(pending)
+        message = protocol.decode(lines[0]) if lines else None
+        if message is None:
+            pending.close()
+        elif message.get("kind") == "info":
+            self._send(pending.conn, self._info())
+            pending.close()
+        else:
+            self._kernel_request(pending, message)
+        return None
+
+    def _done_reading(self, pending: Pending) -> None:
+        del self.reading[pending.conn.fileno()]
+        self.selector.unregister(pending.conn)
+
+    def _kernel_request(self, pending: Pending, message: dict[str, object]) -> None:
+        request = protocol.valid_request(message) if message.get("kind") == "kernel" else None
+        if request is None or len(pending.fds) != protocol.N_FDS:
+            self._answer(pending, {"error": "malformed request"})
+            return
+        reason = protocol.ordinary_reason(request[2], self.started_env)
+        if reason is not None:
+            self._answer(pending, {"ordinary": reason})
+            return
+        pending.request = request
+        self.last_request = time.monotonic()
+        self._send(pending.conn, {"queued": True})
+        self.queue.append(pending)
+
+    def _answer(self, pending: Pending, message: dict[str, object]) -> None:
+        self._send(pending.conn, message)
+        pending.close()
+
+    @staticmethod
+    def _send(conn: socket.socket, message: dict[str, object]) -> None:
+        with contextlib.suppress(OSError):  # the client is gone (or stuck): nothing to tell
+            conn.send(protocol.encode(message), socket.MSG_DONTWAIT)
+
+    def _info(self) -> dict[str, object]:
+        return {"pid": os.getpid(), "generation": self.key.generation,
+                "started": self.started, "kernels_started": self.kernels_started, "spares": 0}
+
+    def _expire(self, now: float) -> None:
+        for pending in [p for p in self.reading.values() if p.deadline <= now]:
+            self._done_reading(pending)
+            pending.close()
+        for pid, (_, deadline) in list(self.starting.items()):
+            if deadline <= now:
+                self._started(pid)
+        if now - self.last_request >= self.idle_timeout and not self.queue:
+            self.stop = f"no request for {self.idle_timeout:g} s"
+
+    def _started(self, pid: int) -> None:
+        ready, _ = self.starting.pop(pid)
+        self.selector.unregister(ready)
+        os.close(ready)
+
+    def _fork_next(self) -> Any:
+        while self.queue and len(self.starting) < INITIALISING:
+            stale = self.key.stale()
+            if stale is not None:
+                self.stop = stale
+                return None
+            pending = self.queue.popleft()
+            job = self._fork(pending)
+            if job is not None:
+                return job
+        return None
+
+    def _fork(self, pending: Pending) -> Any:
+        from bootstrap.kernels import child
+
+        assert pending.request is not None
+        ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            pid = os.fork()
+        except OSError as e:
+            os.close(ready_r)
+            os.close(ready_w)
+            self._answer(pending, {"error": f"fork failed: {e}"})
+            return None
+        if pid == 0:
+            os.close(ready_r)
+            argv, cwd, env = pending.request
+            return child.Job(pending.conn, pending.fds, ready_w, argv, cwd,
+                             {**env, **self.imported_env}, closing=self._closing_in_child)
+        os.close(ready_w)
+        for fd in pending.fds:
+            os.close(fd)
+        pending.fds = []
+        self.kernels_started += 1
+        self.kernels[pid] = pending.conn
+        self.starting[pid] = (ready_r, time.monotonic() + SETTLE)
+        self.selector.register(ready_r, selectors.EVENT_READ, lambda fd, pid=pid: self._ready(pid))
+        self._send(pending.conn, {"pid": pid})
+        return None
+
+    def _ready(self, pid: int) -> None:
+        if pid in self.starting:
+            self._started(pid)
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if pid in self.starting:
+                self._started(pid)
+            conn = self.kernels.pop(pid, None)
+            if conn is not None:
+                self._send(conn, {"exit": status})
+                conn.close()
+
+    def _closing_in_child(self) -> None:
+        """In a forked kernel: drop what is the server's (its loop, socket, signals)."""
+        signal.set_wakeup_fd(-1)
+        self.selector.close()
+        self.sock.close()
+        for pending in [*self.reading.values(), *self.queue]:
+            pending.close()
+        for conn in self.kernels.values():
+            conn.close()
+
+    def _close(self) -> None:
+        """Stop listening and let go of the lock before answering those still waiting: a
+        client told ``stale`` then finds no server and spawns the next one."""
+        say(f"stopping: {self.stop}")
+        # Only while the socket is still ours (we hold the lock): the next server's is not.
+        with contextlib.suppress(OSError):
+            os.unlink(places.SOCK, dir_fd=self.dirfd)
+        self.sock.close()
+        os.close(self.lockfd)
+        for pending in [*self.reading.values(), *self.queue]:
+            if pending.request is None:
+                pending.close()
+            else:
+                self._answer(pending, {"stale": True})

@@ -1,0 +1,94 @@
+"""The messages on a kernel server's socket: one JSON object per line, each way.
+
+A client sends one request: ``{"kind": "info"}``, or ``{"kind": "kernel", "argv": [...],
+"cwd": ..., "env": {...}}`` with its descriptors 0, 1 and 2 attached (SCM_RIGHTS, on the first
+bytes). The server answers a kernel request with ``{"queued": true}`` at once (the client's short
+timeout covers only that: a burst may then wait its turn), then ``{"pid": N}`` once the kernel is
+forked and ``{"exit": WAIT_STATUS}`` once it is reaped; or with one of ``{"stale": true}``,
+``{"ordinary": REASON}``, ``{"error": TEXT}``, after which the client starts the kernel the
+ordinary way. The kernel holds the server's end of the connection too and adds its own last word,
+``{"last": EXIT_CODE}``, for when the server is gone by then.
+
+Standard library only: the server imports this in the venv's interpreter, the client on the
+warm path (``json`` is imported lazily there, by the first message).
+"""
+
+from __future__ import annotations
+
+MAX_MESSAGE = 4 * 1024 * 1024  # an environment of a few MiB is not a kernel's
+N_FDS = 3
+
+# Variables the interpreter reads only as it starts (and the locale, which decides the file
+# system encoding then): a request that sets one of them other than the server was started
+# with gets the ordinary start, since a forked kernel cannot act on it. HOME: site's user
+# directory is computed from it at start.
+START_VARIABLES = ("LC_ALL", "LC_CTYPE", "LANG", "HOME")
+
+
+def encode(message: dict[str, object]) -> bytes:
+    import json
+
+    return json.dumps(message, separators=(",", ":")).encode() + b"\n"
+
+
+def decode(line: bytes) -> dict[str, object] | None:
+    """The message on ``line``; None when it is not a JSON object."""
+    import json
+
+    try:
+        value = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+class Lines:
+    """Complete lines out of a stream's chunks, at most :data:`MAX_MESSAGE` bytes buffered."""
+
+    def __init__(self) -> None:
+        self.buffer = b""
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        """The lines ``chunk`` completes; ValueError when a line exceeds the bound."""
+        self.buffer += chunk
+        *lines, self.buffer = self.buffer.split(b"\n")
+        if len(self.buffer) > MAX_MESSAGE:
+            raise ValueError("message too long")
+        return lines
+
+
+def ordinary_reason(wanted: dict[str, str], started: dict[str, str]) -> str | None:
+    """Why a kernel with the environment ``wanted`` cannot be forked from a server started with
+    ``started``: a variable that acts only at interpreter start differs (every ``PYTHON*`` one
+    among them: PYTHONPATH, PYTHONHASHSEED, PYTHONUTF8, ...); None when it can."""
+    names = {k for k in (*wanted, *started) if k.startswith("PYTHON")} | set(START_VARIABLES)
+    for name in sorted(names):
+        if wanted.get(name) != started.get(name):
+            return f"{name} differs from the kernel server's"
+    return None
+
+
+def valid_request(message: dict[str, object]) -> tuple[list[str], str, dict[str, str]] | None:
+    """A kernel request's argv, cwd and env, checked; None when malformed."""
+    argv, cwd, env = message.get("argv"), message.get("cwd"), message.get("env")
+    if not (isinstance(argv, list) and all(isinstance(a, str) for a in argv)):
+        return None
+    if not (isinstance(cwd, str) and cwd.startswith("/")):
+        return None
+    if not (isinstance(env, dict) and all(isinstance(k, str) and isinstance(v, str)
+                                          for k, v in env.items())):
+        return None
+    return argv, cwd, env
+
+
+def served_module(python_args: list[str]) -> str | None:
+    """The module of an ipykernel launch a server may serve: ``-m ipykernel_launcher ... -f
+    FILE`` (or ``-m ipykernel``) with no interpreter option before ``-m``; None otherwise."""
+    if python_args[:1] != ["-m"] or len(python_args) < 3:
+        return None
+    module, rest = python_args[1], python_args[2:]
+    if module not in ("ipykernel_launcher", "ipykernel"):
+        return None
+    if "-f" in rest[:-1] or any(a.startswith(("--f=", "-f=")) for a in rest):
+        return module
+    return None

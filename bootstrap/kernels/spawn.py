@@ -1,0 +1,60 @@
+"""Starting a venv's kernel server in the background, from the first kernel start that found
+none.
+
+That start must not get slower (issue 29), so it waits for nothing: it ``posix_spawn``\\s this
+module's :func:`main` in a new session with its stdio on /dev/null and goes on to start its own
+kernel the ordinary way. :func:`main` reads the config (the warm path does not: it holds no
+``kernel-preload``) and execs the server (:mod:`bootstrap.kernels.server`), which lets that first
+kernel settle before its own preload competes with it for the CPU (CoCalc #7139: a refill that
+competes with the kernel being started doubled first starts). A lower priority would not do: an
+unprivileged process cannot raise it again, and kernels inherit it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def start(config_file: str, *, after: int) -> None:
+    """Spawn the server of ``config_file``'s venv, detached; errors are the server's to log.
+
+    Through ``sh -c '"$@" &'``, waited for (a millisecond): the caller execs the kernel next,
+    and a server that were its child would stay its zombie once it exited; the shell's
+    background child is reparented to init instead."""
+    argv = ["sh", "-c", '"$@" &', "sh",
+            sys.executable, "-P", "-m", "bootstrap.kernels.spawn", config_file, str(after)]
+    actions = [(os.POSIX_SPAWN_OPEN, fd, os.devnull, os.O_RDWR, 0) for fd in (0, 1, 2)]
+    try:
+        pid = os.posix_spawn("/bin/sh", argv, os.environ, file_actions=actions, setsid=True)
+        os.waitpid(pid, 0)
+    except OSError:
+        pass  # the ordinary start goes on; the next one tries again
+
+
+def main(argv: list[str]) -> int:
+    """Read the config and exec its venv's server (detached); 1 when it cannot be served."""
+    from pathlib import Path
+
+    from bootstrap.config import load_config
+    from bootstrap.errors import BootstrapError
+    from bootstrap.kernels import server, switch
+
+    try:
+        config = load_config(Path(argv[0]))
+        if not switch.enabled(config.kernel_server) or config.override_python is not None:
+            return 1
+        command = server.command(config, detached=True, after=int(argv[1]))
+    except (BootstrapError, ValueError, IndexError):
+        return 1
+    if command is None:
+        return 1
+    try:
+        os.execv(command[0], command)
+    except OSError:
+        return 1
+    return 1  # not reached
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,115 @@
+"""The stand-in: what ``run`` becomes once the server forked its kernel (see
+:mod:`bootstrap.kernels.client`). It never returns: it exits as the kernel did.
+
+How it learns the end: the server reaps the kernel and sends its wait status (``exit``); if the
+server is gone, the connection reaches EOF once the kernel has closed its end too, and the
+kernel's own last word (``last``, its exit code, written at exit) says how it ended; with
+neither (the kernel was killed by a signal after the server died) SIGKILL is the best guess.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+from bootstrap.kernels import protocol
+
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
+             signal.SIGUSR2)
+POLL = 1.0  # how often the launcher's presence is checked, as ipykernel's poller does
+
+
+class StandIn:
+    def __init__(self, sock, pid: int) -> None:  # type: ignore[no-untyped-def]  # a _socket
+        self.sock, self.pid = sock, pid
+        self.pidfd: int | None = None
+        self.parent = _launcher()
+
+    def run(self) -> None:
+        try:
+            self.pidfd = os.pidfd_open(self.pid)
+        except OSError:
+            self.pidfd = None  # it ended already: the server's answer says how
+        for signum in FORWARDED:
+            signal.signal(signum, self._forward)
+        self.sock.settimeout(POLL if self.parent is not None else None)
+        _exit_as(self._wait())
+
+    def _forward(self, signum: int, frame: object) -> None:
+        """To the kernel's process group, as jupyter_client's ``killpg`` of the group it
+        started reaches a bare kernel and the commands it runs (``!sleep 60`` stops at an
+        interrupt). Only while the pidfd says the kernel lives: its pid, the group's id, cannot
+        have been reused then."""
+        import select
+
+        if self.pidfd is None or select.select([self.pidfd], [], [], 0)[0]:
+            return  # it has ended: the answer is on its way
+        try:  # noqa: SIM105  # contextlib: an import the stand-in does not pay
+            os.killpg(self.pid, signum)
+        except OSError:
+            pass
+
+    def _wait(self) -> int:
+        """The kernel's wait status."""
+        lines, last = protocol.Lines(), None
+        while True:
+            try:
+                chunk = self.sock.recv(65536)
+            except TimeoutError:
+                self._check_launcher()
+                continue
+            except OSError:
+                chunk = b""
+            if not chunk:
+                return _status(last, signal.SIGKILL)
+            for line in lines.feed(chunk):
+                message = protocol.decode(line) or {}
+                if isinstance(message.get("exit"), int):
+                    return message["exit"]  # type: ignore[return-value]
+                if isinstance(message.get("last"), int):
+                    last = message["last"]
+
+    def _check_launcher(self) -> None:
+        """ipykernel's ParentPollerUnix, for the kernel that cannot run it."""
+        assert self.parent is not None
+        ppid = os.getppid()
+        if (not self.parent and ppid == 1) or (self.parent and ppid != self.parent):
+            if self.pidfd is not None:
+                signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+            os._exit(1)
+
+
+def _launcher() -> int | None:
+    """The pid ipykernel's parent poller would watch: None when it would not run (no
+    ``JPY_PARENT_PID``, or 1), 0 to watch for reparenting to init."""
+    try:
+        handle = int(os.environ.get("JPY_PARENT_PID", "0"))
+    except ValueError:
+        return None
+    if handle in (0, 1):
+        return None
+    return handle if os.getppid() == handle else 0
+
+
+def _status(last: object, signum: int) -> int:
+    """A wait status from the kernel's last word, or death by ``signum`` without one."""
+    if isinstance(last, int):
+        return (last & 0xFF) << 8
+    return signum
+
+
+def _exit_as(status: int) -> None:
+    """Exit with the kernel's wait status: a signal death is re-raised on ourselves."""
+    import sys
+
+    for stream in (sys.stdout, sys.stderr):
+        try:  # noqa: SIM105  # contextlib: an import the stand-in does not pay
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+    if os.WIFSIGNALED(status):
+        signum = os.WTERMSIG(status)
+        signal.signal(signum, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signum])
+        os.kill(os.getpid(), signum)
+    os._exit(os.waitstatus_to_exitcode(status) if not os.WIFSIGNALED(status) else 1)

@@ -1,0 +1,185 @@
+"""The kernel server's life as a user sees it, with the real uv, ipykernel from PyPI and
+jupyter_client starting kernels from the installed kernelspec: the first start spawns a server
+and is an ordinary start, later ones are served; a rebuild or a skill added or removed reaches
+the next kernel (the old server steps down, its kernels keep their generation);
+``kernel-server = false`` means no server ever; ``gc`` stops a server whose generation is gone.
+The orphan fixture (tests/integration/conftest.py) checks that nothing outlives each test."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from testing import kernels, reaper
+from testing.processes import alive, spawn, wait_for
+from tests.integration.conftest import RealWorld, with_kernelspec
+
+pytest.importorskip("jupyter_client")
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the kernel server is Linux only")
+
+SPEC = "kernel-bootstrap"
+# A server warms up (imports ipykernel and the rest) at low priority, on a loaded machine.
+SERVER_UP = 120.0
+
+
+@pytest.fixture
+def kernel_world(real: RealWorld, tmp_path: Path,
+                 monkeypatch: pytest.MonkeyPatch) -> Iterator[RealWorld]:
+    """ipykernel as the runtime, a skill, the kernelspec installed in a Jupyter data dir of the
+    test's; jupyter_client then starts kernels with the world's environment."""
+    real.env.pop("KERNEL_BOOTSTRAP_KERNEL_SERVER", None)
+    monkeypatch.delenv("KERNEL_BOOTSTRAP_KERNEL_SERVER", raising=False)
+    real.write_config(requirements=["ipykernel>=6"])
+    real.skill("alpha")
+    yield with_kernelspec(real, tmp_path, monkeypatch)
+
+
+def whoami(kernel: kernels.Started, imports: str = "") -> tuple[int, str]:
+    """The kernel's own pid and ``sys.prefix`` (its generation), after ``imports``."""
+    reply, printed = kernels.execute(kernel, f"{imports}\nimport os, sys\n"
+                                             "print(os.getpid(), sys.prefix)")
+    assert reply["status"] == "ok", reply
+    pid, prefix = printed.split()
+    return int(pid), prefix
+
+
+def server(world: RealWorld) -> dict[str, Any] | None:
+    found: dict[str, Any] | None = world.status()["kernel_server"]
+    return found
+
+
+def server_up(world: RealWorld) -> dict[str, Any]:
+    wait_for(lambda: server(world) is not None, timeout=SERVER_UP)
+    found = server(world)
+    assert found is not None
+    return found
+
+
+def served_kernel(world: RealWorld) -> kernels.Started:
+    """A kernel the server served (the first after it is up may still be an ordinary start
+    while the server finishes warming up: started again until one is served)."""
+    for _ in range(5):
+        kernel = kernels.start(SPEC)
+        if whoami(kernel)[0] != kernel.pid:
+            return kernel
+        kernels.stop(kernel)
+    raise AssertionError("no kernel was served")
+
+
+def test_the_first_start_is_ordinary_and_spawns_a_server_that_serves_the_next(
+        kernel_world: RealWorld) -> None:
+    assert server(kernel_world) is None
+    with kernels.running(SPEC) as first:
+        # The ordinary start: the kernel is the process its launcher started.
+        assert whoami(first)[0] == first.pid
+    up = server_up(kernel_world)
+    assert set(up) == {"pid", "generation", "started", "kernels_started", "spares"}
+    assert up["generation"] == str(kernel_world.venv.resolve())
+    second = served_kernel(kernel_world)
+    try:
+        pid, prefix = whoami(second, "import alpha")
+        # Served: the launcher's process is the stand-in, the kernel another process.
+        assert pid != second.pid and prefix == str(kernel_world.venv.resolve())
+        after = server(kernel_world)
+        assert after is not None and after["pid"] == up["pid"] and after["kernels_started"] >= 1
+        text = kernel_world.run("status").stdout
+        assert f"kernel server: pid {up['pid']}, generation {up['generation']}, " in text
+    finally:
+        kernels.stop(second)
+
+
+def test_a_rebuild_reaches_the_next_kernel_and_the_old_one_keeps_its_generation(
+        kernel_world: RealWorld) -> None:
+    with kernels.running(SPEC):
+        pass
+    old = server_up(kernel_world)
+    before = served_kernel(kernel_world)
+    try:
+        old_generation = str(kernel_world.venv.resolve())
+        kernel_world.write_config(requirements=["ipykernel>=6", kernel_world.runtime_package()])
+        kernel_world.ensure()
+        new_generation = str(kernel_world.venv.resolve())
+        assert new_generation != old_generation
+        with kernels.running(SPEC) as after:
+            assert whoami(after, "import kb_runtime_demo")[1] == new_generation
+        wait_for(lambda: not alive(old["pid"]), timeout=30)  # the old server stepped down
+        # The kernel started before the rebuild still answers, from its own generation.
+        assert whoami(before)[1] == old_generation
+        # And the next server serves the new generation.
+        new = server_up(kernel_world)
+        assert new["pid"] != old["pid"] and new["generation"] == new_generation
+    finally:
+        kernels.stop(before)
+
+
+def test_a_skill_added_or_removed_while_the_server_runs_reaches_the_next_kernel(
+        kernel_world: RealWorld) -> None:
+    with kernels.running(SPEC):
+        pass
+    server_up(kernel_world)
+    kernel = served_kernel(kernel_world)
+    kernels.stop(kernel)
+    kernel_world.skill("beta")
+    with kernels.running(SPEC) as added:
+        reply, printed = kernels.execute(added, "import alpha, beta; print(beta.__name__)")
+        assert (reply["status"], printed) == ("ok", "beta\n"), reply
+    shutil.rmtree(kernel_world.skills_dir / "alpha")
+    with kernels.running(SPEC) as removed:
+        reply, printed = kernels.execute(removed, "import beta\ntry:\n    import alpha\n"
+                                                  "except ImportError:\n    print('no alpha')")
+        assert (reply["status"], printed) == ("ok", "no alpha\n"), reply
+
+
+def test_with_kernel_server_false_no_server_ever_appears(kernel_world: RealWorld,
+                                                          tmp_path: Path) -> None:
+    kernel_world.write_config(requirements=["ipykernel>=6"], kernel_server=False)
+    for _ in range(3):
+        with kernels.running(SPEC) as kernel:
+            assert whoami(kernel)[0] == kernel.pid  # every start is the ordinary one
+    assert server(kernel_world) is None
+    tag = os.environ.get(reaper.TAG)
+    home = Path(os.environ["HOME"])
+    assert [p.line for p in kernels.of_test(tag, [tmp_path, home])
+            if kernels.holds_server_lock(p.pid)] == []
+
+
+def test_gc_stops_a_server_whose_generation_is_gone(kernel_world: RealWorld) -> None:
+    with kernels.running(SPEC):
+        pass
+    old = server_up(kernel_world)
+    kernel_world.write_config(requirements=["ipykernel>=6", kernel_world.runtime_package()])
+    kernel_world.ensure()  # a rebuild: the server's generation is no longer current
+    result = kernel_world.run("gc", "--json")
+    assert result.returncode == 0, result.stderr
+    stopped = json.loads(result.stdout)["kernel_servers_stopped"]
+    assert [(s["pid"], s["generation"]) for s in stopped] == [(old["pid"], old["generation"])]
+    wait_for(lambda: not alive(old["pid"]), timeout=30)
+    assert server(kernel_world) is None
+    text = kernel_world.run("gc").stdout  # nothing left to stop
+    assert "kernel server" not in text
+
+
+def test_serve_runs_the_server_in_the_foreground_until_sigterm(kernel_world: RealWorld) -> None:
+    supervised = spawn(kernel_world.command("serve"), env=kernel_world.env)
+    try:
+        # The command becomes the server (exec): the pid a supervisor started is the server's.
+        wait_for(lambda: server(kernel_world) is not None, timeout=SERVER_UP, proc=supervised)
+        up = server(kernel_world)
+        assert up is not None and up["pid"] == supervised.pid
+        kernel = served_kernel(kernel_world)  # no first ordinary start: a server is up already
+        kernels.stop(kernel)
+        supervised.send_signal(signal.SIGTERM)
+        assert supervised.wait(timeout=30) == 0
+    finally:
+        if supervised.poll() is None:
+            supervised.kill()
+        supervised.communicate()
+    assert server(kernel_world) is None
