@@ -16,6 +16,11 @@ and the warm path repeats the full path's answer (the warning naming the skill, 
 (held while that file is unchanged). Those records and words are ``bootstrap.warm_failures``.
 
 Nothing here writes on the warm path: the fingerprint is written only after a full check.
+
+One module, past the 400 lines we aim for, on purpose: every module the warm path loads is a
+file to find, stat and unmarshal at each kernel start, and the command-line scan, the
+fingerprint check and the exec are all of that path (the rarer answers, failures and the
+kernel server's hook, are imported only when needed).
 """
 
 from __future__ import annotations

@@ -60,7 +60,7 @@ def _ask(dirfd: int, python_args: list[str], config_file: str) -> None:
         sock.connect(places.sock_path(dirfd))
     except OSError:  # no socket, or nobody listening: no server, or one still starting up
         sock.close()
-        if not _server_alive(dirfd):
+        if not places.server_running(places.LOCK, dir_fd=dirfd):
             _spawn(config_file)
         return
     try:
@@ -118,23 +118,6 @@ def _next(sock, lines: protocol.Lines, queue: list[bytes]) -> dict[str, object] 
     if message is None:
         raise ValueError("a malformed answer")
     return message
-
-
-def _server_alive(dirfd: int) -> bool:
-    """Whether a server holds the directory's lock (it may be starting: not listening yet)."""
-    import fcntl
-
-    try:
-        fd = os.open(places.LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dirfd)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except OSError:
-        return True
-    finally:
-        os.close(fd)
-    return False
 
 
 def _spawn(config_file: str) -> None:

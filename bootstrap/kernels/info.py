@@ -74,7 +74,7 @@ def stop_stale() -> list[dict[str, Any]]:
     for name in names:
         directory = os.path.join(root, name)
         venv = name.replace("%2F", "/").replace("%25", "%")
-        if not _held(directory):
+        if not places.server_running(os.path.join(directory, places.LOCK)):
             _remove(directory)
             continue
         answer = _ask(directory)
@@ -86,22 +86,6 @@ def stop_stale() -> list[dict[str, Any]]:
                 os.kill(answer["pid"], signal.SIGTERM)
                 stopped.append({"pid": answer["pid"], "generation": generation, "venv": venv})
     return stopped
-
-
-def _held(directory: str) -> bool:
-    import fcntl
-
-    try:
-        fd = os.open(os.path.join(directory, places.LOCK), os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except OSError:
-        return True
-    finally:
-        os.close(fd)
-    return False
 
 
 def _remove(directory: str) -> None:

@@ -48,6 +48,24 @@ def open_dir(path: str, *, create: bool) -> int:
     return fd
 
 
+def server_running(lock: str, dir_fd: int | None = None) -> bool:
+    """Whether a server holds the ``lock`` file (a path, or a name in ``dir_fd``): one that is
+    starting holds it before it listens."""
+    import fcntl
+
+    try:
+        fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
 def sock_path(dirfd: int) -> str:
     """The socket's address through the directory's descriptor (short, whatever the path)."""
     return f"/proc/self/fd/{dirfd}/{SOCK}"
