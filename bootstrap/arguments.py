@@ -180,9 +180,14 @@ def _run(p: argparse.ArgumentParser, _: type[argparse.ArgumentParser]) -> None:
 
 
 def _serve(p: argparse.ArgumentParser, _: type[argparse.ArgumentParser]) -> None:
+    p.add_argument("--stop", action="store_true",
+                   help="stop this config's kernel server instead (SIGTERM; its kernels run on "
+                        "to their end); exit 0 whether one was running or not")
+    _json(p, "with --stop: print one JSON object")
     p.epilog = ("Runs until SIGTERM, `kernel-idle-timeout` seconds without a request, or a "
                 "rebuild (its generation is no longer current). Without it, the first kernel "
-                "start runs a server in the background. Off with `kernel-server = false` or "
+                "start runs a server in the background; `serve` takes over from that one, and "
+                "waits for another `serve`. Off with `kernel-server = false` or "
                 "KERNEL_BOOTSTRAP_KERNEL_SERVER=0; Linux only.")
 
 

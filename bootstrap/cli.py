@@ -129,7 +129,7 @@ def _dispatch_environment(args: argparse.Namespace) -> int:
     if cmd == "serve":
         from bootstrap.commands.serve import serve
 
-        return serve(args.config)
+        return serve(args.config, stop=args.stop, as_json=args.json)
     if cmd == "status":
         from bootstrap.commands.status import status
 

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 _KEYS: Final = frozenset(
     {"venv", "python", "requirements", "constraints", "uv-args", "skills", "ready-check",
      "snapshots", "lock", "offline", "skills-lock", "kernel-server", "kernel-preload",
-     "kernel-idle-timeout"}
+     "kernel-idle-timeout", "kernel-preload-timeout"}
 )
 # Environment variables that mean `offline = true` (uv's own among them).
 OFFLINE_ENV: Final = ("KERNEL_BOOTSTRAP_OFFLINE", "UV_OFFLINE")
@@ -97,6 +97,7 @@ class Config:
     kernel_server: bool = True
     kernel_preload: tuple[str, ...] = ()
     kernel_idle_timeout: float = 900.0
+    kernel_preload_timeout: float = 60.0
     # `skills` entries that are inline tables (bootstrap.sources): ``skills`` holds only those
     # of their skills the skills lock names and the cache holds; ``prepare`` adds the rest.
     git_sources: tuple[GitSource, ...] = ()
@@ -190,8 +191,9 @@ def config_from_dict(data: dict[str, Any], file: Path) -> Config:
 
 
 def _kernel_keys(reader: Reader) -> dict[str, Any]:
-    """``kernel-server``, ``kernel-preload`` (module names) and ``kernel-idle-timeout``
-    (seconds, > 0), checked; and $KERNEL_BOOTSTRAP_KERNEL_SERVER, which must be 0 or 1."""
+    """``kernel-server``, ``kernel-preload`` (module names), ``kernel-idle-timeout`` and
+    ``kernel-preload-timeout`` (seconds, > 0), checked; and $KERNEL_BOOTSTRAP_KERNEL_SERVER,
+    which must be 0 or 1."""
     value = os.environ.get(KERNEL_SERVER_ENV, "")
     if value not in ("", "0", "1"):
         raise ConfigError(f"{KERNEL_SERVER_ENV}={short(value)}: must be 0 (off) or 1 (on)")
@@ -202,13 +204,19 @@ def _kernel_keys(reader: Reader) -> dict[str, Any]:
             raise ConfigError(f"{source_name(reader.file)}: kernel-preload[{index}]: not a "
                               f"module name (dotted identifiers, e.g. \"numpy.linalg\"): "
                               f"{short(name)}")
-    timeout = reader.data.get("kernel-idle-timeout", 900.0)
-    # bool is an int to Python, and NaN compares false both ways: neither is a number of seconds.
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
-            or not 0 < timeout < float("inf"):
-        raise reader.bad("kernel-idle-timeout", "a number of seconds greater than 0")
     return {"kernel_server": reader.boolean("kernel-server", default=True),
-            "kernel_preload": preload, "kernel_idle_timeout": float(timeout)}
+            "kernel_preload": preload,
+            "kernel_idle_timeout": _seconds(reader, "kernel-idle-timeout", 900.0),
+            "kernel_preload_timeout": _seconds(reader, "kernel-preload-timeout", 60.0)}
+
+
+def _seconds(reader: Reader, key: str, default: float) -> float:
+    value = reader.data.get(key, default)
+    # bool is an int to Python, and NaN compares false both ways: neither is a number of seconds.
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not 0 < value < float("inf"):
+        raise reader.bad(key, "a number of seconds greater than 0")
+    return float(value)
 
 
 def _skill_entries(reader: Reader) -> tuple[tuple[str | None, ...], tuple[GitSource, ...]]:

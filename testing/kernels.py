@@ -15,14 +15,16 @@ from its own ``start_kernel``.
 Orphans (:func:`assert_no_orphans`): a process is the test's when its environment carries the
 test's :data:`testing.reaper.TAG` (every child inherits it: stand-ins, the kernel server they
 spawn, the kernels it forks, whose /proc environ is the server's) or its command line names one
-of the test's directories (a server started with a scrubbed environment still names its
-``--config``). Of those, the kernel-like ones (an ipykernel argv, a ``serve`` argv, or a fork of
-one: same command line) must be gone when the test ends. The live server of a venv outlives a
-test by design (its idle timeout), so the check ends servers as a supervisor would (SIGTERM),
-telling a server from a kernel it forked by the ``kernels/*/lock`` the server holds open (a
-kernel holds no descriptor of the server; a server spawned just before the end takes it a
-moment later, and is ended then). A kernel is never signalled before the verdict: a leaked one
-is seen, then killed. Linux only (it reads /proc).
+of the test's directories (a server started with a scrubbed environment still names its venv,
+``kernel-bootstrap kernel server VENV``; a served kernel its ``VENV/bin/python``). Of those, the
+kernel-like ones (an ipykernel argv, a server's, or a fork of one not yet retitled: same command
+line) must be gone when the test ends. The live server of a venv outlives a test by design (its
+idle timeout), so the check ends servers as a supervisor would (SIGTERM), telling a server from a
+kernel it forked by the ``kernels/*/lock`` the server holds open (a kernel holds no descriptor of
+the server; a server spawned just before the end takes it a moment later, and is ended then).
+A server so stopped retires (it lets go of the lock, and ends with its last kernel): it is waited
+for as a kernel is. A kernel is never signalled before the verdict: a leaked one is seen, then
+killed. Linux only (it reads /proc).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ if TYPE_CHECKING:
     from jupyter_client.manager import KernelManager
 
 T = TypeVar("T")
+SERVER_TITLE: Final = ("kernel-bootstrap", "kernel", "server")  # then the venv: `ps` shows it
 RECONNECT_MS: Final = 10  # see the module docstring: zmq's own 100 ms would quantise the probe
 
 
@@ -251,8 +254,8 @@ def processes() -> dict[int, Proc]:
         if not entry.isdigit():
             continue
         try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                argv = tuple(a.decode(errors="replace") for a in f.read().split(b"\0")[:-1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:  # a retitled one: NUL-padded
+                argv = tuple(a.decode(errors="replace") for a in f.read().split(b"\0") if a)
             with open(f"/proc/{entry}/stat", encoding="utf-8") as f:
                 ppid = int(f.read().rsplit(")", 1)[1].split()[1])
         except (OSError, ValueError, IndexError):
@@ -313,12 +316,13 @@ def of_test(tag: str | None, roots: Sequence[Path] = (),
 
 
 def kernel_like(proc: Proc, table: dict[int, Proc]) -> bool:
-    """An ipykernel launch (the kernel, or the stand-in whose argv asks for one), a kernel
-    server (``serve``), or a process forked from one (it keeps its parent's command line)."""
+    """An ipykernel launch (the kernel, served or not, or the stand-in whose argv asks for one),
+    a kernel server (``serve``, or retitled ``kernel-bootstrap kernel server VENV``), or a
+    process forked from one (it keeps its parent's command line until it retitles itself)."""
     argv = proc.argv
     launch = any(a == "-m" and b.split(".")[0] in ("ipykernel_launcher", "ipykernel")
                  for a, b in itertools.pairwise(argv))
-    serve = any(a.startswith("bootstrap.kernels") for a in argv) or (
+    serve = argv[:3] == SERVER_TITLE or any(a.startswith("bootstrap.kernels") for a in argv) or (
         "serve" in argv and any(a.endswith(("kernel-bootstrap", "bootstrap")) for a in argv))
     parent = table.get(proc.ppid)
     return launch or serve or (parent is not None and parent.argv == argv

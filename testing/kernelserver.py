@@ -54,12 +54,16 @@ def wait_up(tag: str, venv: Path, timeout: float = 120.0) -> None:
 
 
 def stop(tag: str, grace: float = 10.0) -> None:
-    """SIGTERM the server, if one runs, and wait until it is gone (its kernels live on)."""
+    """SIGTERM the server, if one runs, and wait until it has let go of its lock (its kernels
+    live on; it retires, and ends with the last of them)."""
     server = find(tag)
     if server is not None:
         os.kill(server.pid, signal.SIGTERM)
-        if kernels.wait_gone([server], grace):
-            raise RuntimeError(f"the kernel server {server.pid} did not exit on SIGTERM")
+        deadline = time.monotonic() + grace
+        while kernels.holds_server_lock(server.pid):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the kernel server {server.pid} did not stop on SIGTERM")
+            time.sleep(0.05)
 
 
 def settle(tag: str, timeout: float = 10.0) -> None:

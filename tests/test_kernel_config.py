@@ -51,6 +51,12 @@ def test_the_kernel_keys_are_read(world: World) -> None:
     assert load_config(world.config).kernel_idle_timeout == 60.0
 
 
+def test_a_preload_has_a_minute_unless_configured(world: World) -> None:
+    assert load_config(world.config).kernel_preload_timeout == 60.0
+    configure(world, "kernel-preload-timeout = 2")
+    assert load_config(world.config).kernel_preload_timeout == 2.0
+
+
 def assert_exit_2(result: subprocess.CompletedProcess[str], *needles: str) -> None:
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr and result.stdout == ""
@@ -76,6 +82,8 @@ _NOT_SECONDS = "must be a number of seconds greater than 0"
     ("kernel-idle-timeout = inf", ("'kernel-idle-timeout'", _NOT_SECONDS)),
     ('kernel-idle-timeout = "900"', ("'kernel-idle-timeout'", _NOT_SECONDS)),
     ("kernel-idle-timeout = true", ("'kernel-idle-timeout'", _NOT_SECONDS)),
+    ("kernel-preload-timeout = 0", ("'kernel-preload-timeout'", _NOT_SECONDS)),
+    ('kernel-preload-timeout = "60"', ("'kernel-preload-timeout'", _NOT_SECONDS)),
     ('kernel-server = "no"', ("'kernel-server'", "must be true or false")),
     ("kernel-server = 0", ("'kernel-server'", "must be true or false")),
 ])

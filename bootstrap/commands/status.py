@@ -112,7 +112,9 @@ def _with_generations(text: str, generation: dict[str, Any]) -> str:
 
 def kernel_server(venv: Path) -> dict[str, Any] | None:
     """What the venv's live kernel server says of itself (asked over its socket, 1 s at most):
-    ``{pid, generation, started, kernels_started, spares}``; None when none answers."""
+    ``{pid, generation, started, kernels_started, spares, kernels, detached, serving,
+    not_serving}`` (``kernels``: the pids of the kernels it serves now); None when none
+    answers."""
     from bootstrap.kernels.info import describe
 
     return describe(venv)
@@ -123,6 +125,10 @@ def _with_kernel_server(text: str, server: dict[str, Any] | None) -> str:
     lines.append("kernel server: none" if server is None else
                  f"kernel server: pid {server['pid']}, generation {server['generation']}, "
                  f"{server['kernels_started']} kernels started")
+    if server is not None and "kernels" in server:  # pids, for `kill` or `ps -p`
+        lines.append("  kernels running: " + (" ".join(map(str, server["kernels"])) or "none"))
+    if server is not None and server.get("not_serving"):
+        lines.append(f"  not serving: {server['not_serving']}")
     return "\n".join([*lines, verdict])
 
 

@@ -6,6 +6,7 @@ Modules, one concept each: :mod:`places` (the server's directory, socket and loc
 no longer current), :mod:`template` and :mod:`loop` (the server, in the venv's interpreter),
 :mod:`child` (what a forked kernel does before ipykernel runs), :mod:`client` (the stand-in ``run``
 becomes), :mod:`standin` (what it does until the kernel ends), :mod:`spawn` (starting a server in
-the background), :mod:`server` (``serve``'s entry), :mod:`info` (``status`` and ``gc``) and
-:mod:`switch` (whether kernels are served at all).
+the background), :mod:`server` (``serve``'s entry), :mod:`handover` (``serve`` when another
+server holds the lock), :mod:`title` (what ``ps`` shows of a server and its kernels),
+:mod:`info` (``status`` and ``gc``) and :mod:`switch` (whether kernels are served at all).
 """

@@ -7,7 +7,10 @@ other descriptor of the server's or of another kernel's (the generation pin's ``
 stays: it keeps the generation from removal, as in any process of the venv), the request's cwd,
 ``os.environ`` and what is read from it at start (``TZ``, ``tempfile``'s directory, the
 ``sys.path[0]`` that ``-m`` puts first), ``sys.argv`` as asked, ``random`` (and a preloaded
-``numpy.random``) reseeded from ``os.urandom``, default signal handlers, fresh standard streams.
+``numpy.random``) reseeded from ``os.urandom``, default signal handlers, fresh standard streams,
+and its launcher's rlimits, umask, nice, ... (:func:`bootstrap.kernels.context.apply`: the
+server forks only for a launcher whose context it can reproduce so). Descriptors a preloaded
+module left open stay valid, on /dev/null.
 What cannot match: the hash seed (``PYTHONHASHSEED`` is drawn once per interpreter; a forked
 kernel shares its server's), environment variables that act only at interpreter start (such a
 request gets the ordinary start, :func:`bootstrap.kernels.protocol.ordinary_reason`), and what a
@@ -31,7 +34,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from bootstrap.kernels import protocol
+from bootstrap.kernels import context as contexts
+from bootstrap.kernels import protocol, title
 
 
 @dataclass
@@ -43,14 +47,19 @@ class Job:
     cwd: str
     env: dict[str, str]
     closing: Callable[[], None]
+    context: contexts.Context
+    preload_fds: frozenset[int] = frozenset()
     code: list[int] = field(default_factory=lambda: [0])
 
     def __call__(self) -> None:
         """Become the kernel and run it at the top level of the interpreter (``BOOT``)."""
         os.setsid()
+        # Seen in `ps` as its kernelspec's argv, as exec made the bare kernel's (issue 35).
+        title.set_title([sys.orig_argv[0], *self.argv])
         self.closing()
         _default_signals()
         self._descriptors()
+        self._confine()
         self._environment()
         _fresh_state()
         self._hooks()
@@ -68,8 +77,22 @@ class Job:
             with contextlib.suppress(OSError):  # the descriptor listdir itself used: gone
                 if os.readlink(f"/proc/self/fd/{fd}") == pin:
                     continue  # the generation pin's lock: see the module docstring
-                os.close(fd)
+                if fd in self.preload_fds:
+                    _to_null(fd)  # a preloaded module's file: its close() must close this
+                else:
+                    os.close(fd)
         _fresh_streams()
+
+    def _confine(self) -> None:
+        """The launcher's rlimits, umask, nice, ... (the server checked it may set them); a
+        kernel that cannot carry them must not run at all."""
+        try:
+            contexts.apply(self.context)
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                os.write(2, f"kernel-bootstrap: cannot confine the kernel as its launcher: {e}\n"
+                         .encode(errors="replace"))
+            os._exit(1)
 
     def _environment(self) -> None:
         os.chdir(self.cwd)
@@ -112,6 +135,13 @@ def _exit_code(code: object) -> int:
     if code is None:
         return 0
     return code if isinstance(code, int) else 1
+
+
+def _to_null(fd: int) -> None:
+    null = os.open(os.devnull, os.O_RDWR)
+    if null != fd:
+        os.dup2(null, fd, inheritable=False)  # as Python opened the file it replaces
+        os.close(null)
 
 
 def _default_signals() -> None:

@@ -42,29 +42,33 @@ def launch(venv: str, python: str, python_args: list[str], config_file: str) -> 
         return
     try:
         dirfd = places.open_dir(directory, create=False)
+    except places.Untrusted as e:  # a server there could be another user's doing: none
+        _warn(f"no kernel server: {e.filename} {e.strerror}; make it a directory of this "
+              "user that only this user can write (chmod go-w)")
+        return
     except OSError:
         _spawn(config_file)
         return
     try:
-        _ask(dirfd, python_args, config_file)
+        _ask(dirfd, venv, python_args, config_file)
     finally:
         os.close(dirfd)
 
 
-def _ask(dirfd: int, python_args: list[str], config_file: str) -> None:
+def _ask(dirfd: int, venv: str, python_args: list[str], config_file: str) -> None:
     import _socket
 
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     sock.settimeout(CONNECT_TIMEOUT)
     try:
-        sock.connect(places.sock_path(dirfd))
-    except OSError:  # no socket, or nobody listening: no server, or one still starting up
+        sock.connect(places.connect_path(dirfd))
+    except OSError:  # no socket (of ours), or nobody listening: no server, or one still starting up
         sock.close()
         if not places.server_running(places.LOCK, dir_fd=dirfd):
             _spawn(config_file)
         return
     try:
-        pid = _request(sock, python_args)
+        pid = _request(sock, _kernel_request(venv, python_args, config_file))
     except _Refused as e:
         sock.close()
         if str(e) == "stale":
@@ -77,13 +81,22 @@ def _ask(dirfd: int, python_args: list[str], config_file: str) -> None:
     _stand_in(sock, pid)
 
 
-def _request(sock, python_args: list[str]) -> int:  # type: ignore[no-untyped-def]  # _socket
+def _kernel_request(venv: str, python_args: list[str], config_file: str) -> dict[str, object]:
+    """What the server compares with itself before it forks (bootstrap.kernels.admission): the
+    launch, and the venv, generation and config this start would use. The rest of our context
+    the server reads from /proc itself; securebits are not there, so we say them."""
+    from bootstrap.kernels import libc
+
+    return {"kind": "kernel", "argv": python_args, "cwd": os.getcwd(), "env": dict(os.environ),
+            "venv": venv, "generation": os.path.realpath(venv), "config": config_file,
+            "securebits": libc.prctl(libc.PR_GET_SECUREBITS)}
+
+
+def _request(sock, request: dict[str, object]) -> int:  # type: ignore[no-untyped-def]  # _socket
     """Send the request with our descriptors 0-2 and wait until the kernel is forked."""
     import _socket
     import struct
 
-    request: dict[str, object] = {"kind": "kernel", "argv": python_args, "cwd": os.getcwd(),
-                                  "env": dict(os.environ)}
     data = protocol.encode(request)
     fds = struct.pack(f"{protocol.N_FDS}i", *range(protocol.N_FDS))
     sent = sock.sendmsg([data], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fds)])

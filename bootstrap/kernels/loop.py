@@ -7,6 +7,15 @@ of 100 requests queues (each told ``queued`` at once), it does not fork 100 kern
 fight for two cores. A kernel counts as starting until ``IPKernelApp.initialize()`` returned in
 it (it closes a pipe then), it ended, or :data:`SETTLE` seconds passed.
 
+A server that stops (idle, stale, signalled) retires: it stops listening and lets go of its lock
+at once (a new server may take over), then stays until it has reaped its last kernel, so that
+each stand-in learns its kernel's real wait status. Its idle timeout counts only while it has no
+live kernel.
+
+Bounded (issue 35): at most three descriptors per connection (:meth:`Pending.take`), a request
+whole within :data:`pending.READ_TIMEOUT`, and no spin when out of descriptors
+(:data:`ACCEPT_BACKOFF`).
+
 The fork returns the kernel's job up the stack to ``template.main`` (see ``template.BOOT``): the
 loop holds no ``finally`` and no context manager a kernel would run on its way out.
 """
@@ -14,6 +23,7 @@ loop holds no ``finally`` and no context manager a kernel would run on its way o
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import selectors
 import signal
@@ -24,41 +34,34 @@ import time
 from collections import deque
 from typing import Any
 
-from bootstrap.kernels import places, protocol
+from bootstrap.kernels import admission, places, protocol
 from bootstrap.kernels.key import Key
+from bootstrap.kernels.pending import Pending
+from bootstrap.kernels.preload import Preloaded
 from bootstrap.kernels.serverlog import say
 
 INITIALISING = max(2, min(4, os.cpu_count() or 2))
 SETTLE = 5.0
-READ_TIMEOUT = 5.0  # for a client's request to arrive whole
+# How long the loop stops accepting when it runs out of descriptors: the listening socket stays
+# readable meanwhile, and selecting it made the loop spin (1.16 CPU-s in 3 s at `ulimit -n 64`).
+ACCEPT_BACKOFF = 0.2
+_EXHAUSTED = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 STALE_CHECK = 10.0  # between checks of the key while idle (a stale server holds its generation)
 _STOP = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
-class Pending:
-    """A connection whose request is being read, or waits for its kernel."""
-
-    def __init__(self, conn: socket.socket) -> None:
-        self.conn = conn
-        self.lines = protocol.Lines()
-        self.fds: list[int] = []
-        self.deadline = time.monotonic() + READ_TIMEOUT
-        self.request: tuple[list[str], str, dict[str, str]] | None = None
-
-    def close(self) -> None:
-        for fd in self.fds:
-            os.close(fd)
-        self.fds = []
-        self.conn.close()
-
-
 class Server:
+    detached = False  # started by a kernel start, not by `serve` (template.main sets it)
+    # When accepting resumes, out of descriptors (None: accepting); said once per episode.
+    resume_accept: float | None = None
+    out_of_descriptors = False
+
     def __init__(self, dirfd: int, lockfd: int, key: Key, idle_timeout: float,
-                 started_env: dict[str, str], imported_env: dict[str, str]) -> None:
+                 served: admission.Server, preloaded: Preloaded) -> None:
         self.dirfd, self.lockfd, self.key, self.idle_timeout = dirfd, lockfd, key, idle_timeout
-        # The environment the interpreter started with (what a request must match, see
-        # protocol.ordinary_reason), and what the preload's imports set in it since.
-        self.started_env, self.imported_env = started_env, imported_env
+        # What requests are compared with, and what the preload left for each kernel.
+        self.served, self.preloaded = served, preloaded
+        self.not_serving = served.not_serving
         self.started = time.time()
         self.kernels_started = 0
         self.selector = selectors.DefaultSelector()
@@ -70,7 +73,8 @@ class Server:
         self.stop: str | None = None
 
     def run(self) -> Any:
-        """Serve until idle, stale or signalled (None), or return a forked kernel's job."""
+        """Serve until idle, stale or signalled, then retire (:meth:`_retire`) and return None;
+        or return a forked kernel's job."""
         self._listen()
         say(f"serving {self.key.generation} (pid {os.getpid()})")
         next_check = time.monotonic() + STALE_CHECK
@@ -82,12 +86,15 @@ class Server:
             now = time.monotonic()
             if now >= next_check:
                 next_check = now + STALE_CHECK
-                self.stop = self.key.stale()
+                if not self.out_of_descriptors:  # a scan short of descriptors reads as a change
+                    self.stop = self.key.stale()
             self._expire(now)
             job = self._fork_next()
             if job is not None:
                 return job
+            self._resume_accepting(time.monotonic())  # last: listening again if we stop
         self._close()
+        self._retire()
         return None
 
     def _listen(self) -> None:
@@ -111,9 +118,10 @@ class Server:
 
     def _timeout(self, next_check: float) -> float:
         now = time.monotonic()
-        ends = [next_check, self.last_request + self.idle_timeout]
+        ends = [next_check] + ([] if self.kernels else [self.last_request + self.idle_timeout])
         ends += [p.deadline for p in self.reading.values()]
         ends += [d for _, d in self.starting.values()]
+        ends += [] if self.resume_accept is None else [self.resume_accept]
         return max(0.0, min(ends) - now)
 
     def _signalled(self, fd: int) -> None:
@@ -131,8 +139,11 @@ class Server:
     def _accept(self, sock: socket.socket) -> None:
         try:
             conn, _ = sock.accept()
-        except OSError:
+        except OSError as e:
+            if e.errno in _EXHAUSTED:
+                self._pause_accepting(e)
             return None
+        self.out_of_descriptors = False
         pid, uid, _ = struct.unpack("3i", conn.getsockopt(
             socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
         if uid != os.getuid():  # the 0700 directory should already stop them: belt and braces
@@ -141,19 +152,37 @@ class Server:
             return None
         conn.setblocking(False)
         pending = Pending(conn)
+        pending.peer = pid
         self.reading[conn.fileno()] = pending
         self.selector.register(conn, selectors.EVENT_READ, self._read)
         return None
 
+    def _pause_accepting(self, error: OSError) -> None:
+        """Stop selecting the listening socket for :data:`ACCEPT_BACKOFF`: what frees a
+        descriptor (a request read or timed out, a kernel forked) runs meanwhile."""
+        if not self.out_of_descriptors:
+            say(f"cannot accept ({error.strerror}): retrying every {ACCEPT_BACKOFF:g} s")
+            self.out_of_descriptors = True
+        self.selector.unregister(self.sock)
+        self.resume_accept = time.monotonic() + ACCEPT_BACKOFF
+
+    def _resume_accepting(self, now: float) -> None:
+        if self.resume_accept is not None and (now >= self.resume_accept or self.stop):
+            self.resume_accept = None
+            self.selector.register(self.sock, selectors.EVENT_READ, self._accept)
+
     def _read(self, conn: socket.socket) -> Any:
         pending = self.reading[conn.fileno()]
         try:
-            data, fds, _, _ = socket.recv_fds(conn, 65536, protocol.N_FDS + 1)
+            data, fds, flags, _ = socket.recv_fds(conn, 65536, protocol.N_FDS + 1)
         except BlockingIOError:
             return None
         except OSError:
-            data, fds = b"", []
-        pending.fds += fds
+            data, fds, flags = b"", [], 0
+        if not pending.take(fds, flags):
+            self._done_reading(pending)
+            pending.close()
+            return None
         try:
             lines = pending.lines.feed(data) if data else None
         except ValueError:
@@ -180,11 +209,17 @@ class Server:
         if request is None or len(pending.fds) != protocol.N_FDS:
             self._answer(pending, {"error": "malformed request"})
             return
-        reason = protocol.ordinary_reason(request[2], self.started_env)
+        if message.get("generation") != self.served.generation and self.key.stale():
+            self.stop = self.key.stale()  # a rebuild: the client starts the next server
+            self._answer(pending, {"stale": True})
+            return
+        reason, context = admission.refusal(self.served, message, request[2], request[1],
+                                            pending.peer)
         if reason is not None:
+            say(f"ordinary start for pid {pending.peer}: {reason}")
             self._answer(pending, {"ordinary": reason})
             return
-        pending.request = request
+        pending.request, pending.context = request, context
         self.last_request = time.monotonic()
         self._send(pending.conn, {"queued": True})
         self.queue.append(pending)
@@ -200,7 +235,9 @@ class Server:
 
     def _info(self) -> dict[str, object]:
         return {"pid": os.getpid(), "generation": self.key.generation,
-                "started": self.started, "kernels_started": self.kernels_started, "spares": 0}
+                "started": self.started, "kernels_started": self.kernels_started, "spares": 0,
+                "kernels": sorted(self.kernels), "detached": self.detached,
+                "serving": self.not_serving is None, "not_serving": self.not_serving}
 
     def _expire(self, now: float) -> None:
         for pending in [p for p in self.reading.values() if p.deadline <= now]:
@@ -209,7 +246,10 @@ class Server:
         for pid, (_, deadline) in list(self.starting.items()):
             if deadline <= now:
                 self._started(pid)
-        if now - self.last_request >= self.idle_timeout and not self.queue:
+        # Idle only without a live kernel: a stopped server would keep its kernels' statuses
+        # from their stand-ins for as long as they run (see _retire), for nothing.
+        idle = now - self.last_request >= self.idle_timeout
+        if idle and not self.queue and not self.kernels:
             self.stop = f"no request for {self.idle_timeout:g} s"
 
     def _started(self, pid: int) -> None:
@@ -233,7 +273,11 @@ class Server:
         from bootstrap.kernels import child
 
         assert pending.request is not None
-        ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
+        try:
+            ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
+        except OSError as e:  # out of descriptors: this one starts the ordinary way
+            self._answer(pending, {"error": f"no pipe: {e.strerror}"})
+            return None
         sys.stdout.flush()
         sys.stderr.flush()
         try:
@@ -246,8 +290,12 @@ class Server:
         if pid == 0:
             os.close(ready_r)
             argv, cwd, env = pending.request
+            assert pending.context is not None
+            loaded = self.preloaded
             return child.Job(pending.conn, pending.fds, ready_w, argv, cwd,
-                             {**env, **self.imported_env}, closing=self._closing_in_child)
+                             {**loaded.preload_env, **env, **loaded.kernel_env},
+                             closing=self._closing_in_child, context=pending.context,
+                             preload_fds=loaded.fds)
         os.close(ready_w)
         for fd in pending.fds:
             os.close(fd)
@@ -277,6 +325,8 @@ class Server:
             if conn is not None:
                 self._send(conn, {"exit": status})
                 conn.close()
+                if not self.kernels:  # the idle timeout counts from the last kernel's end
+                    self.last_request = time.monotonic()
 
     def _closing_in_child(self) -> None:
         """In a forked kernel: drop what is the server's (its loop, socket, signals)."""
@@ -290,15 +340,33 @@ class Server:
 
     def _close(self) -> None:
         """Stop listening and let go of the lock before answering those still waiting: a
-        client told ``stale`` then finds no server and spawns the next one."""
+        client told ``stale`` then finds no server and spawns the next one, and a ``serve``
+        waiting for the lock takes over at once."""
         say(f"stopping: {self.stop}")
         # Only while the socket is still ours (we hold the lock): the next server's is not.
         with contextlib.suppress(OSError):
             os.unlink(places.SOCK, dir_fd=self.dirfd)
+        self.selector.unregister(self.sock)
         self.sock.close()
         os.close(self.lockfd)
-        for pending in [*self.reading.values(), *self.queue]:
-            if pending.request is None:
-                pending.close()
-            else:
-                self._answer(pending, {"stale": True})
+        for pending in list(self.reading.values()):
+            self._done_reading(pending)
+            pending.close()
+        for pending in self.queue:
+            self._answer(pending, {"stale": True})
+        self.queue.clear()
+
+    def _retire(self) -> None:
+        """Stay until the last kernel is reaped, sending each its wait status: its stand-in
+        then exits as a bare kernel's launcher sees it (a signal death as that signal). Only a
+        server killed outright leaves its stand-ins to guess (see :mod:`standin`)."""
+        if self.kernels:
+            say(f"retiring: waiting for {len(self.kernels)} kernel(s) to end")
+        while self.kernels:
+            now = time.monotonic()
+            ends = [d for _, d in self.starting.values()]
+            for key, _ in self.selector.select(max(0.0, min(ends) - now) if ends else None):
+                key.data(key.fileobj)  # the wakeup fd (SIGCHLD: reap) or a ready pipe
+            for pid, (_, deadline) in list(self.starting.items()):
+                if deadline <= time.monotonic():
+                    self._started(pid)

@@ -1,8 +1,12 @@
 """The messages on a kernel server's socket: one JSON object per line, each way.
 
 A client sends one request: ``{"kind": "info"}``, or ``{"kind": "kernel", "argv": [...],
-"cwd": ..., "env": {...}}`` with its descriptors 0, 1 and 2 attached (SCM_RIGHTS, on the first
-bytes). The server answers a kernel request with ``{"queued": true}`` at once (the client's short
+"cwd": ..., "env": {...}, "venv": ..., "generation": ..., "config": ..., "securebits": N}`` with
+its descriptors 0, 1 and 2 attached (SCM_RIGHTS, on the first bytes): the venv, generation and
+config the start would use (a server of another refuses it) and the stand-in's securebits
+(``/proc`` does not show them; the rest of its context the server reads there itself).
+
+The server answers a kernel request with ``{"queued": true}`` at once (the client's short
 timeout covers only that: a burst may then wait its turn), then ``{"pid": N}`` once the kernel is
 forked and ``{"exit": WAIT_STATUS}`` once it is reaped; or with one of ``{"stale": true}``,
 ``{"ordinary": REASON}``, ``{"error": TEXT}``, after which the client starts the kernel the

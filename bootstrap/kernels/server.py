@@ -10,6 +10,7 @@ execs it, so a supervisor's SIGTERM reaches the server itself.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from typing import TYPE_CHECKING
@@ -30,7 +31,8 @@ def command(config: Config, *, detached: bool, after: int | None = None) -> list
     if directory is None:
         return None
     settings = {"dir": directory, "venv": str(config.venv), "preload": list(config.kernel_preload),
-                "idle": config.kernel_idle_timeout, "detached": detached, "after": after}
+                "idle": config.kernel_idle_timeout, "detached": detached, "after": after,
+                "preload_timeout": config.kernel_preload_timeout}
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     python = str(config.venv / "bin" / "python")
     return [python, "-c", BOOT, "serve", package, "--config", str(config.path or ""),
@@ -44,7 +46,20 @@ def serve(config: Config, *, detached: bool) -> int:
     if argv is None:
         raise ConfigError(f"no kernel server: the venv's path is too long ({config.venv})")
     try:
-        os.execv(argv[0], argv)
+        exec_neutral(argv)
     except OSError as e:
         raise BootstrapError(f"cannot start the kernel server ({argv[0]}): {e.strerror}") from e
     return 1  # not reached
+
+
+def exec_neutral(argv: list[str]) -> None:
+    """Exec the server with nothing of its launcher's but descriptors 0-2 and the context the
+    launcher put it in: the first launcher's non-CLOEXEC descriptors (a pipe whose reader would
+    never see EOF, an flock that would stay held) are closed, and it works in "/" (``BOOT``
+    drops the directory from ``sys.path`` too). OSError when the exec fails."""
+    for name in os.listdir("/proc/self/fd"):
+        if int(name) > 2:
+            with contextlib.suppress(OSError):  # the listing's own descriptor: closed already
+                os.close(int(name))
+    os.chdir("/")
+    os.execv(argv[0], argv)

@@ -1,10 +1,15 @@
 """The stand-in: what ``run`` becomes once the server forked its kernel (see
 :mod:`bootstrap.kernels.client`). It never returns: it exits as the kernel did.
 
-How it learns the end: the server reaps the kernel and sends its wait status (``exit``); if the
-server is gone, the connection reaches EOF once the kernel has closed its end too, and the
-kernel's own last word (``last``, its exit code, written at exit) says how it ended; with
-neither (the kernel was killed by a signal after the server died) SIGKILL is the best guess.
+How it learns the end: the server reaps the kernel and sends its wait status (``exit``); a server
+that stops (idle, stale, SIGTERM) stays, retiring, until it has reaped its last kernel, so this
+holds unless the server was killed outright. Then the connection reaches EOF once the kernel has
+closed its end too, and the kernel's own last word (``last``, its exit code, written at exit)
+says how it ended; with neither (the kernel was killed by a signal after its server was killed)
+SIGKILL is the best guess.
+
+How it exits: as a bare kernel's launcher would have seen the kernel exit, its code or its
+death by the same signal, re-raised here (SIGKILL too), never with a traceback.
 """
 
 from __future__ import annotations
@@ -17,6 +22,11 @@ from bootstrap.kernels import protocol
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
              signal.SIGUSR2)
 POLL = 1.0  # how often the launcher's presence is checked, as ipykernel's poller does
+# Signals whose default action stops a process or does nothing: re-raised, they would leave the
+# stand-in stopped or running, and its launcher waiting. A kernel does not die of them; a status
+# naming one gets the shell's 128+N.
+_NOT_FATAL = frozenset({signal.SIGSTOP, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU,
+                        signal.SIGCONT, signal.SIGCHLD, signal.SIGURG, signal.SIGWINCH})
 
 
 class StandIn:
@@ -99,7 +109,8 @@ def _status(last: object, signum: int) -> int:
 
 
 def _exit_as(status: int) -> None:
-    """Exit with the kernel's wait status: a signal death is re-raised on ourselves."""
+    """Exit as the kernel did, as its launcher would have seen it exit: its code, or death by
+    the same signal (re-raised on ourselves), or 128+N where that signal would not end us."""
     import sys
 
     for stream in (sys.stdout, sys.stderr):
@@ -107,9 +118,32 @@ def _exit_as(status: int) -> None:
             stream.flush()
         except (OSError, ValueError, AttributeError):
             pass
-    if os.WIFSIGNALED(status):
-        signum = os.WTERMSIG(status)
+    if not 0 <= status <= 0xFFFF:  # not a wait status: no word of the kernel's end
+        status = signal.SIGKILL
+    if os.WIFEXITED(status):
+        os._exit(os.WEXITSTATUS(status))
+    signum = os.WTERMSIG(status) if os.WIFSIGNALED(status) else signal.SIGKILL
+    if signum not in _NOT_FATAL:
+        _die_of(signum)
+    os._exit(128 + signum)  # what a shell reports for a death by signal N
+
+
+def _die_of(signum: int) -> None:
+    """Re-raise ``signum`` on ourselves at its default action (returns only if it did not end
+    us). SIGKILL's action cannot be set (EINVAL; it is always the default). No core file: the
+    kernel wrote its own, and ours, in the same directory, would replace it."""
+    try:  # noqa: SIM105  # contextlib: an import the stand-in does not pay
         signal.signal(signum, signal.SIG_DFL)
+    except (OSError, ValueError):  # SIGKILL; a number the C library keeps for itself
+        pass
+    try:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
+    except (ImportError, OSError, ValueError):
+        pass
+    try:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, [signum])
         os.kill(os.getpid(), signum)
-    os._exit(os.waitstatus_to_exitcode(status) if not os.WIFSIGNALED(status) else 1)
+    except (OSError, ValueError):
+        pass

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import time
 
 import pytest
 
@@ -57,12 +56,13 @@ def test_with_everything_cached_a_cold_ensure_succeeds_without_a_network(
 def test_offline_with_an_uncached_requirement_fails_fast_naming_it(
         real: RealWorld, unshare: list[str]) -> None:
     real.write_config(requirements=["kb-surely-not-cached-anywhere"], offline=True)
-    started = time.monotonic()
+    real.clear_log()
     result = _offline_ensure(real, unshare)
-    elapsed = time.monotonic() - started
     assert result.returncode == 1 and result.stdout == ""
     assert "kb-surely-not-cached-anywhere" in result.stderr
     assert "not found in the cache" in result.stderr
     assert "Traceback" not in result.stderr
-    # Not a benchmark: only "no network retries" (uv's took 16-19 s); the figure: scripts/.
-    assert elapsed < 10, elapsed
+    # Fast because it never waits on the network (uv's own retries took 16-19 s): one install
+    # attempt, told --offline, and no retry. How fast is a benchmark's (scripts/), not a test's.
+    installs = real.installs()
+    assert len(installs) == 1 and "--offline" in installs[0], installs

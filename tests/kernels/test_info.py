@@ -98,3 +98,91 @@ def test_gc_removes_the_directory_of_a_dead_server(cache: Path) -> None:
         Path(directory, name).write_text(json.dumps({}))
     assert info.stop_stale() == []
     assert not os.path.exists(directory)
+
+
+# --- through checked directories only (issue 35) ---------------------------------------------
+
+def dead_server(venv: Path) -> Path:
+    """The directory a dead server left: its lock, socket and log."""
+    directory = places.server_dir(str(venv))
+    assert directory is not None
+    os.close(places.open_dir(directory, create=True))
+    for name in ("lock", "sock", "log"):
+        Path(directory, name).write_text("")
+    return Path(directory)
+
+
+def test_gc_follows_no_symlink_in_kernels_and_removes_nothing_through_it(cache: Path) -> None:
+    kernels = dead_server(cache / "v").parent
+    victim = cache / "victim"
+    victim.mkdir(mode=0o700)
+    for name in ("lock", "sock", "log"):
+        (victim / name).write_text("precious")
+    (kernels / "%2Fevil").symlink_to(victim)
+    assert info.stop_stale() == []
+    assert sorted(p.name for p in victim.iterdir()) == ["lock", "log", "sock"]
+    assert (kernels / "%2Fevil").is_symlink()
+    assert not os.path.exists(str(places.server_dir(str(cache / "v"))))  # a real one: removed
+
+
+def test_gc_leaves_a_directory_of_another_user_in_kernels_alone(cache: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give a directory to another user")
+    directory = dead_server(cache / "v")
+    os.chown(directory, 65534, 65534)
+    assert info.stop_stale() == []
+    assert sorted(p.name for p in directory.iterdir()) == ["lock", "log", "sock"]
+
+
+def test_gc_does_not_hang_on_a_fifo_at_a_dead_servers_lock_and_removes_it(cache: Path) -> None:
+    directory = dead_server(cache / "v")
+    (directory / "lock").unlink()
+    os.mkfifo(directory / "lock", 0o600)
+    root = str(Path(__file__).resolve().parents[2])
+    code = (f"import sys; sys.path.insert(0, {root!r}); from bootstrap.kernels import info; "
+            "print(info.stop_stale())")
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=60, check=True, env=os.environ.copy())
+    except subprocess.TimeoutExpired:
+        raise AssertionError("gc blocked on the FIFO") from None
+    assert out.stdout == "[]\n"
+    # Only this user can have put it in a 0700 directory of ours; left, it would refuse every
+    # later server its lock.
+    assert not directory.exists()
+
+
+def test_a_symlink_at_a_servers_socket_reaches_no_other_server(
+        cache: Path, fakes: list[subprocess.Popen[str]]) -> None:
+    fake_server(cache / "other", cache / "gen-1", fakes)
+    directory = dead_server(cache / "v")
+    (directory / "sock").unlink()
+    other = places.server_dir(str(cache / "other"))
+    assert other is not None
+    (directory / "sock").symlink_to(Path(other, "sock"))
+    assert info.describe(cache / "other") is not None
+    assert info.describe(cache / "v") is None
+
+
+def test_a_cache_root_another_user_can_write_means_no_server_for_status_and_gc(
+        cache: Path, fakes: list[subprocess.Popen[str]]) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to give a directory to another user")
+    fake_server(cache / "v", cache / "gen-1", fakes)  # a generation that is gone
+    dead = dead_server(cache / "w")
+    root = cache / "cache" / "kernel-bootstrap"
+    os.chown(root, 65534, 65534)
+    os.chmod(root, 0o777)
+    assert info.describe(cache / "v") is None
+    assert info.stop_stale() == []
+    assert fakes[0].poll() is None and dead.exists()
+
+
+def test_the_info_answer_s_later_fields_are_checked_when_present() -> None:
+    base = {"pid": 7, "generation": "/g", "started": 1.5, "kernels_started": 2, "spares": 0}
+    later = {"kernels": [11, 12], "detached": True, "serving": False, "not_serving": "a thread"}
+    assert info._checked(base) == base  # a server of an earlier version
+    assert info._checked({**base, **later}) == {**base, **later}
+    for wrong in ({"kernels": [True]}, {"kernels": [0]}, {"kernels": "11"}, {"detached": 1},
+                  {"serving": None}, {"not_serving": 3}):
+        assert info._checked({**base, **later, **wrong}) is None, wrong

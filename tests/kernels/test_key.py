@@ -60,3 +60,35 @@ def test_a_changed_config_makes_it_stale(venv: Path) -> None:
     config = venv.parent / "k.toml"
     config.write_text("venv = 'venv'\nkernel-preload = ['numpy']\n")
     assert key.stale() == "the config changed"
+
+
+def site_packages(venv: Path) -> Path:
+    import site
+
+    path = Path(site.getsitepackages([sys.prefix])[0])  # under the monkeypatched sys.prefix
+    assert path.is_relative_to(venv.resolve())
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def test_a_package_installed_by_hand_makes_it_stale(venv: Path) -> None:
+    # `uv pip install traitlets==5.14.3` (or `%pip install -U` in a notebook) swaps one
+    # dist-info directory for another: no generation, marker or config changes.
+    packages = site_packages(venv)
+    (packages / "traitlets-5.14.0.dist-info").mkdir()
+    key = key_of(venv)
+    assert key.stale() is None
+    (packages / "traitlets-5.14.0.dist-info").rename(packages / "traitlets-5.14.3.dist-info")
+    assert key.stale() == "a package was installed or removed in the venv"
+
+
+def test_a_pth_file_rewritten_in_place_makes_it_stale(venv: Path) -> None:
+    packages = site_packages(venv)
+    pth = packages / "_editable_skill.pth"
+    pth.write_text("/old/path\n")
+    key = key_of(venv)
+    os.utime(packages, ns=(1, 1))  # the directory's own stat cannot tell, the file's can
+    key = key_of(venv)
+    pth.write_text("/new/path\n")
+    os.utime(packages, ns=(1, 1))
+    assert key.stale() == "a package was installed or removed in the venv"

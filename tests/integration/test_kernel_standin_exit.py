@@ -1,0 +1,105 @@
+"""A served kernel's stand-in exits as a bare kernel's launcher sees the kernel exit (issue 35,
+item 7), with the real uv, ipykernel from PyPI and jupyter_client: a kernel killed by a signal
+makes its stand-in die of that signal (SIGKILL too, whose action cannot be set), never exit 1
+with a traceback, whether its server serves on, idles with the kernel running, or was stopped;
+a server that stops retires until its last kernel has ended, so its status still arrives. Only a
+server killed outright leaves the stand-in to guess (SIGKILL)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from testing import kernels
+from testing.processes import alive, wait_for
+from tests.integration import test_kernel_server
+from tests.integration.conftest import RealWorld
+from tests.integration.test_kernel_server import SPEC, describe, first_start, served, server_log
+
+pytest.importorskip("jupyter_client")
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the kernel server is Linux's")
+kernel_world = test_kernel_server.kernel_world  # the fixture: pytest finds it in this module
+
+
+def _killed(kernel: kernels.Started, pid: int, signum: int) -> int:
+    """Kill the served kernel ``pid`` by ``signum``; what jupyter_client's Popen then sees."""
+    process = kernel.manager.provisioner.process  # type: ignore[union-attr]
+    os.kill(pid, signum)
+    code: int = process.wait(timeout=30)
+    return code
+
+
+def test_sigkill_of_a_served_kernel_kills_its_stand_in_by_sigkill_without_a_traceback(
+        kernel_world: RealWorld, tmp_path: Path) -> None:
+    server = first_start(kernel_world)
+    stderr = tmp_path / "stand-in.err"
+    with stderr.open("wb") as err:
+        kernel = kernels.start(SPEC, stderr=err)
+    try:
+        pid = served(kernel, server)["pid"]
+        # The OOM killer's way: as a bare kernel, -9 to its launcher (not exit 1).
+        assert _killed(kernel, pid, signal.SIGKILL) == -signal.SIGKILL
+    finally:
+        kernels.stop(kernel)
+    assert "Traceback" not in stderr.read_text(errors="replace")
+    assert alive(server) and describe(kernel_world) is not None  # it serves on
+
+
+def test_a_served_kernel_keeps_its_server_past_the_idle_timeout_and_its_status_arrives(
+        kernel_world: RealWorld, tmp_path: Path) -> None:
+    idle = 4
+    text = kernel_world.config.read_text(encoding="utf-8")
+    kernel_world.config.write_text(text + f"kernel-idle-timeout = {idle}\n", encoding="utf-8")
+    server = first_start(kernel_world)
+    stderr = tmp_path / "stand-in.err"
+    with stderr.open("wb") as err:
+        kernel = kernels.start(SPEC, stderr=err)
+    try:
+        pid = served(kernel, server)["pid"]
+        time.sleep(idle + 2)  # an idle timeout that counted with a kernel running has passed
+        assert _killed(kernel, pid, signal.SIGTERM) == -signal.SIGTERM
+    finally:
+        kernels.stop(kernel)
+    assert "Traceback" not in stderr.read_text(errors="replace")
+    # Idle counts from its last kernel's end: then it stops.
+    wait_for(lambda: not alive(server), timeout=60)
+    assert f"stopping: no request for {idle} s" in server_log(kernel_world)
+
+
+def test_a_stopped_server_retires_until_its_kernel_ends_and_sends_its_status(
+        kernel_world: RealWorld) -> None:
+    server = first_start(kernel_world)
+    kernel = kernels.start(SPEC)
+    try:
+        pid = served(kernel, server)["pid"]
+        os.kill(server, signal.SIGTERM)  # as `serve --stop`, gc or a supervisor stop it
+        wait_for(lambda: describe(kernel_world) is None)
+        assert alive(server) and not kernels.holds_server_lock(server)  # retiring
+        assert "retiring: waiting for 1 kernel(s) to end" in server_log(kernel_world)
+        assert _killed(kernel, pid, signal.SIGTERM) == -signal.SIGTERM
+    finally:
+        kernels.stop(kernel)
+    wait_for(lambda: not alive(server))  # its last kernel reaped
+
+
+def test_with_its_server_killed_outright_a_stand_in_guesses_sigkill_without_a_traceback(
+        kernel_world: RealWorld, tmp_path: Path) -> None:
+    server = first_start(kernel_world)
+    stderr = tmp_path / "stand-in.err"
+    with stderr.open("wb") as err:
+        kernel = kernels.start(SPEC, stderr=err)
+    try:
+        pid = served(kernel, server)["pid"]
+        os.kill(server, signal.SIGKILL)
+        wait_for(lambda: not alive(server))
+        # Nobody can wait for the kernel now: no status, and a signal death leaves no last
+        # word, so SIGKILL is the stand-in's guess (README says so).
+        assert _killed(kernel, pid, signal.SIGTERM) == -signal.SIGKILL
+    finally:
+        kernels.stop(kernel)
+    assert "Traceback" not in stderr.read_text(errors="replace")
