@@ -61,10 +61,12 @@ requirements = ["ipykernel"]
 # Kernels ready, not just the venv (Linux): a kernel server per venv generation imports
 # ipykernel (and these modules) once and forks each later kernel from it. `false` (or
 # KERNEL_BOOTSTRAP_KERNEL_SERVER=0) starts every kernel the ordinary way. It exits after
-# kernel-idle-timeout seconds without a request.
+# kernel-idle-timeout seconds without a request and a running kernel, and gives up when its
+# imports take longer than kernel-preload-timeout seconds.
 # kernel-server = true
 # kernel-preload = ["numpy", "pandas"]
 # kernel-idle-timeout = 900
+# kernel-preload-timeout = 60
 """
 
 

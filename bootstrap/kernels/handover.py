@@ -41,7 +41,7 @@ def _wait(dirfd: int, lock: Callable[[int], int | None]) -> int:
 
     told: set[object] = set()  # the holders said (or done) something about: once each
     while (fd := lock(dirfd)) is None:
-        answer = info._query(dirfd) or {}
+        answer = info.query(dirfd) or {}
         pid: int | None = answer.get("pid")
         detached = answer.get("detached")
         if pid is not None and detached is True and pid not in told:

@@ -31,12 +31,12 @@ def _ask(directory: str) -> dict[str, Any] | None:
     except OSError:
         return None
     try:
-        return _query(dirfd)
+        return query(dirfd)
     finally:
         os.close(dirfd)
 
 
-def _query(dirfd: int) -> dict[str, Any] | None:
+def query(dirfd: int) -> dict[str, Any] | None:
     """The info answer of the server whose directory is ``dirfd``; None without one."""
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
@@ -136,7 +136,7 @@ def _stop_if_stale(kernels: int, name: str) -> dict[str, Any] | None:
         if not places.server_running(places.LOCK, dir_fd=dirfd):
             _remove(kernels, name, dirfd)
             return None
-        answer = _query(dirfd)
+        answer = query(dirfd)
     finally:
         os.close(dirfd)
     if answer is None:
