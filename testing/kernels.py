@@ -138,7 +138,11 @@ _PORT_NAMES = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_por
 def reserve_ports(first: int, count: int) -> None:
     """Start every later kernel on ports from ``first`` to ``first + count``, which no other
     process of the machine may use (below its ephemeral range, one range per test worker)."""
+    global _NEXT_PORT
     _PORTS[:] = range(first, first + count)
+    # Another suite (or a developer's test) on the machine uses the same ranges: each process
+    # starts at a place of its own in them, and the bind probe skips what is taken.
+    _NEXT_PORT = itertools.count(os.getpid() * 5 % count)
 
 
 def _free_port() -> int:
