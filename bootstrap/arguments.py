@@ -22,7 +22,7 @@ exit codes:
   1  failed: the environment could not be made ready, uv missing, lock timeout, push failed,
      verify found a changed, missing or extra file
   2  usage or config error, invalid skill; --locked: the skills lock does not match
-  3  ensure --strict (run --strict): at least one skill failed
+  3  ensure --strict (run --strict): a skill failed; status: ready, but a skill failed
   130, 143, 129  stopped by ^C, SIGTERM, SIGHUP (children stopped, the lock released)
   run exits with its interpreter's exit code
 
@@ -294,13 +294,12 @@ def _kernelspec(p: argparse.ArgumentParser, parser_class: type[argparse.Argument
 
 def _snapshot(p: argparse.ArgumentParser, parser_class: type[argparse.ArgumentParser]) -> None:
     snap = _subcommands(p, "snapshot_command", parser_class)
-    s = _add(snap, "list", "list the snapshots in the store", depth=2)
-    _json(s)
-    s = _add(snap, "prune", "remove old snapshots", depth=2)
+    _json(_add(snap, "list", "list the snapshots in the store", depth=2))
+    s = _add(snap, "prune", "remove old snapshots: give --keep, --older-than or both", depth=2)
     s.add_argument("--keep", type=_count, default=None, metavar="N",
-                   help="keep the newest N (default: keep all)")
+                   help="remove all but the newest N (default: none by count)")
     s.add_argument("--older-than", type=_positive, default=None, metavar="DAYS",
-                   help="remove those older than this (default: any age)")
+                   help="remove those older than DAYS (default: none by age)")
     _json(s)
 
 
@@ -317,7 +316,7 @@ _COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser,
              "sources in the skills lock", _lock),
     "verify": ("check git skill trees, published trees and editables against their records "
                "(read-only)", _verify),
-    "gc": ("remove leftovers of dead processes", _gc),
+    "gc": ("remove leftovers, unused generations, old cache entries, stale kernel servers", _gc),
     "init": ("write a commented starter config (default: ./kernel-bootstrap.toml)", _init),
     "publish": ("install skill trees atomically into a skill root", _publish),
     "push": ("copy skill trees into runtimes as one tar stream", _push),
@@ -326,6 +325,7 @@ _COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser,
 }
 
 
+_RUN_HINT = "; the interpreter's arguments go after `--`: `kernel-bootstrap run -- -c 'print(1)'`"
 _FAMILIES = {"kernelspec": ("kernelspec_command", "install"),
              "snapshot": ("snapshot_command", "list, prune")}
 
@@ -343,7 +343,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     if command is not None:
         with contextlib.suppress(UsageError):
             args = _checked(build_parser(only=command), argv)
-    args = args or _checked(build_parser(), argv)
+    args = args or _checked(build_parser(), argv, _RUN_HINT if command == "run" else "")
     if args.command == "run":
         args.python_args = python_args
     return args
@@ -374,8 +374,12 @@ def _command_named(argv: Sequence[str]) -> str | None:
     return None
 
 
-def _checked(parser: argparse.ArgumentParser, argv: Sequence[str]) -> argparse.Namespace:
-    args = parser.parse_args(list(argv))
+def _checked(parser: argparse.ArgumentParser, argv: Sequence[str],
+             hint: str = "") -> argparse.Namespace:
+    try:
+        args = parser.parse_args(list(argv))
+    except UsageError as e:  # argparse's "unrecognized arguments: -c print(1)" says no more
+        raise UsageError(f"{e}{hint}" if "unrecognized" in str(e) else str(e)) from None
     _merge_globals(args)
     if args.command is None:
         raise UsageError(parser.format_help().rstrip() + "\n\nerror: a command is required")

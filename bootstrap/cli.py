@@ -133,7 +133,7 @@ def _dispatch_environment(args: argparse.Namespace) -> int:
     if cmd == "status":
         from bootstrap.commands.status import status
 
-        return status(args.config, as_json=args.json)
+        return status(args.config, as_json=args.json, verbose=args.verbose > 0)
     if cmd == "repair":
         from bootstrap.commands.repair import repair
 

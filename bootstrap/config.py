@@ -17,9 +17,11 @@ from typing import TYPE_CHECKING, Any, Final
 from bootstrap.config_file import (
     PYPROJECT,
     Reader,
+    exists,
     find_config_file,
     missing_message,
     read_toml,
+    refuse_missing,
     resolve,
     short,
     source_name,
@@ -36,7 +38,7 @@ if TYPE_CHECKING:
 _KEYS: Final = frozenset(
     {"venv", "python", "requirements", "constraints", "uv-args", "skills", "ready-check",
      "snapshots", "lock", "offline", "skills-lock", "kernel-server", "kernel-preload",
-     "kernel-idle-timeout", "kernel-preload-timeout"}
+     "kernel-idle-timeout", "kernel-preload-timeout", "git-timeout", "git-safe-directories"}
 )
 # Environment variables that mean `offline = true` (uv's own among them).
 OFFLINE_ENV: Final = ("KERNEL_BOOTSTRAP_OFFLINE", "UV_OFFLINE")
@@ -154,16 +156,22 @@ def config_from_dict(data: dict[str, Any], file: Path) -> Config:
     base = file.parent
     reader = Reader(file, data)
     venv, venv_from = _venv(reader, base, file)
+    missing: list[str] = []  # every path named that does not exist: one error names them all
     constraints = reader.path("constraints", base)
-    if constraints is not None and not _exists(constraints, file, "constraints", "file"):
-        raise ConfigError(f"{source_name(file)}: key 'constraints': file not found: {constraints}")
+    if constraints is not None and not exists(constraints, file, "constraints", "file"):
+        missing.append(f"key 'constraints': file not found: {constraints}")
     snapshots_env = os.environ.get("KERNEL_BOOTSTRAP_SNAPSHOTS")
     snapshots = _snapshots(snapshots_env or reader.string("snapshots"), base,
                            "KERNEL_BOOTSTRAP_SNAPSHOTS" if snapshots_env
                            else f"{source_name(file)}: key 'snapshots'")
     override = os.environ.get("KERNEL_BOOTSTRAP_PYTHON")
     patterns, git_sources = _skill_entries(reader)
-    skills, watch = discover_skills(patterns, base, file)
+    if "git-timeout" in data or "git-safe-directories" in data:
+        from bootstrap.sources.spec import with_transport
+
+        git_sources = with_transport(reader, git_sources)
+    skills, watch = discover_skills(patterns, base, file, missing)
+    refuse_missing(file, missing, reader.path("lock", base))
     skills_lock = reader.path("skills-lock", base) or base / "skills-lock.toml"
     if git_sources:
         from bootstrap.sources.cached import cached_skills
@@ -289,16 +297,6 @@ def _snapshots(value: str | None, base: Path, where: str) -> Path | Bucket | Non
     return bucket if bucket is not None or value is None else resolve(base, value)
 
 
-def _exists(path: Path, file: Path, where: str, kind: str) -> bool:
-    """Whether ``path`` is a directory (or a file); an unreadable one is an error naming it."""
-    try:
-        return path.is_dir() if kind == "dir" else path.is_file()
-    except OSError as e:  # e.g. ENAMETOOLONG or EACCES, which pathlib does not swallow
-        raise ConfigError(f"{source_name(file)}: {where}: cannot read {short(str(path))}: "
-                          f"{e.strerror}"
-                          ) from None
-
-
 # A file name holds at most 255 bytes on every filesystem we run on, and the venv's siblings
 # (lock, holder record, staging and scratch trees, temp files) add up to ~40 bytes to its name:
 # a longer name was accepted and then failed at the lock with a bare "File name too long".
@@ -332,11 +330,12 @@ def default_python() -> str:
 
 
 def discover_skills(
-    patterns: tuple[str | None, ...], base: Path, file: Path
+    patterns: tuple[str | None, ...], base: Path, file: Path, missing: list[str]
 ) -> tuple[tuple[Skill, ...], tuple[Path, ...]]:
     """Expand ``skills`` entries: a glob keeps the matches holding SKILL.md; a plain path must
-    be a skill. Two skills with the same name are an error naming both paths. Also returns the
-    directories the expansion depended on."""
+    be a skill (a missing one, or a glob's missing directory, goes into ``missing``). Two
+    skills with the same name are an error naming both paths. Also returns the directories
+    the expansion depended on."""
     found: dict[str, Skill] = {}
     watch: list[Path] = []
     for index, pattern in enumerate(patterns):
@@ -344,7 +343,7 @@ def discover_skills(
             continue
         if glob.has_magic(pattern):
             watch += glob_dirs(resolve(base, pattern))
-        for path in _expand(pattern, base, file, index):
+        for path in _expand(pattern, base, file, index, missing):
             try:
                 name = check_layout(path)
             except SkillError as e:
@@ -370,7 +369,7 @@ def _warn_special(paths: list[Path], consequence: str) -> None:
             log.warning(f"{path} is a {kind}, not a file; {consequence}", path=str(path))
 
 
-def _expand(pattern: str, base: Path, file: Path, index: int) -> list[Path]:
+def _expand(pattern: str, base: Path, file: Path, index: int, missing: list[str]) -> list[Path]:
     full = resolve(base, pattern)
     if glob.has_magic(pattern):
         matches = sorted(Path(m) for m in glob.glob(str(full)))
@@ -378,20 +377,23 @@ def _expand(pattern: str, base: Path, file: Path, index: int) -> list[Path]:
         skills = [m for m in matches if os.path.isfile(m / "SKILL.md")]
         _warn_special([m / "SKILL.md" for m in matches], "the directory is not a skill")
         if not skills:
-            _matches_nothing(pattern, full, file, index)
+            _matches_nothing(pattern, full, file, index, missing)
         return skills
-    if not _exists(full, file, f"skills[{index}]", "dir"):
-        raise ConfigError(f"{source_name(file)}: skills[{index}]: not a directory: {full}")
+    if not exists(full, file, f"skills[{index}]", "dir"):
+        missing.append(f"skills[{index}]: not a directory: {full}")
+        return []
     return [full]
 
 
-def _matches_nothing(pattern: str, full: Path, file: Path, index: int) -> None:
+def _matches_nothing(pattern: str, full: Path, file: Path, index: int,
+                     missing: list[str]) -> None:
     """A typo in the fixed part (``skils/*``) is an error: it used to uninstall every skill and
     exit 0. An existing directory with no skill in it yet is only worth a warning."""
     root = glob_dirs(full)[0]
-    if not _exists(root, file, f"skills[{index}]", "dir"):
-        raise ConfigError(f"{source_name(file)}: skills[{index}]: the pattern {pattern!r} "
-                          f"matches nothing: {root} does not exist (a typo?)")
+    if not exists(root, file, f"skills[{index}]", "dir"):
+        missing.append(f"skills[{index}]: the pattern {pattern!r} matches nothing: {root} does "
+                       "not exist (a typo?)")
+        return
     from bootstrap.primitives import log
     log.warning("a skills pattern matches no skill", pattern=pattern, directory=str(root),
                 config=source_name(file))

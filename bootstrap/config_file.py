@@ -86,17 +86,61 @@ def read_toml(file: Path, missing: str = "") -> dict[str, Any]:
     except ValueError:  # NUL or an unencodable character in the path itself
         raise ConfigError(f"{short(str(file))}: not a usable file name") from None
     try:
-        return tomllib.loads(raw.decode("utf-8"))
+        text = raw.decode("utf-8")
+        return tomllib.loads(text)
     except UnicodeDecodeError:
         raise ConfigError(f"{source_name(file)}: config file is not UTF-8 text") from None
     except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{source_name(file)}: invalid TOML: {e}") from None
+        raise ConfigError(f"{source_name(file)}: invalid TOML: {_located(str(e), text)}"
+                          ) from None
     # Found by fuzzing: tomllib lets int()'s 4300-digit limit (ValueError) and deep arrays
     # (RecursionError) escape as themselves instead of as TOMLDecodeError.
     except ValueError as e:
         raise ConfigError(f"{source_name(file)}: invalid TOML: {e}") from None
     except RecursionError:
         raise ConfigError(f"{source_name(file)}: invalid TOML: values nested too deeply") from None
+
+
+def exists(path: Path, file: Path, where: str, kind: str) -> bool:
+    """Whether ``path`` is a directory (``kind`` "dir") or a file; an unreadable one is an
+    error naming it, and ``where`` in ``file`` that names it."""
+    try:
+        return path.is_dir() if kind == "dir" else path.is_file()
+    except OSError as e:  # e.g. ENAMETOOLONG or EACCES, which pathlib does not swallow
+        raise ConfigError(f"{source_name(file)}: {where}: cannot read {short(str(path))}: "
+                          f"{e.strerror}") from None
+
+
+def refuse_missing(file: Path, missing: list[str], lock: Path | None) -> None:
+    """One error naming every path in ``missing`` (the config's words for each), with the lock
+    file when it is missing too (alone it is no error: `kernel-bootstrap lock` writes it).
+    Named one at a time, a config copied from the README failed once per file."""
+    if not missing:
+        return
+    if lock is not None and not os.path.isfile(lock):
+        missing = [*missing, f"key 'lock': file not found: {lock} (`kernel-bootstrap lock` "
+                             "writes it)"]
+    if len(missing) == 1:
+        raise ConfigError(f"{source_name(file)}: {missing[0]}")
+    raise ConfigError(f"{source_name(file)}: {len(missing)} paths it names do not exist:\n"
+                      + "\n".join(f"  {m}" for m in missing))
+
+
+def _located(message: str, text: str) -> str:
+    """tomllib's ``message`` with the line it names quoted under it; "at end of document" (an
+    unclosed array, a key with no value) named no line: the last one that holds text."""
+    lines = text.splitlines()
+    number = None
+    if message.endswith("(at end of document)"):
+        number = max((i for i, line in enumerate(lines, 1) if line.strip()), default=None)
+        message = message[:-1] + (f", after line {number})" if number else ")")
+    elif "(at line " in message:
+        digits = message.rpartition("(at line ")[2].partition(",")[0]
+        number = int(digits) if digits.isdigit() else None
+    if number is None or not 0 < number <= len(lines):
+        return message
+    quoted = lines[number - 1].strip()
+    return f"{message}\n  line {number}: {quoted if len(quoted) <= 120 else quoted[:117] + '...'}"
 
 
 _repr = reprlib.Repr()

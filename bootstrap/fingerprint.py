@@ -42,14 +42,19 @@ def input_stamps(paths: list[str]) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     for path in paths:
         text = stamp(path)
-        if text != "-":
-            now = time.time_ns()  # after the stat: a later edit's time is at least this tick's
-            _, _, mtime, ctime = (int(n) for n in text.split(":"))
-            whole = mtime % 1_000_000_000 == 0 and ctime % 1_000_000_000 == 0
-            tick = _COARSE_TICK_NS if whole else _TICK_NS
-            text = RACY if max(mtime, ctime) >= now - tick else text
-        out.append((path, text))
+        # The time after the stat: a later edit's time is at least this tick's.
+        out.append((path, RACY if is_racy(text, time.time_ns()) else text))
     return out
+
+
+def is_racy(text: str, now: int) -> bool:
+    """Whether the :func:`stamp` ``text``, taken at ``now`` (ns) or before, is within a clock
+    tick of it: a same-size edit in that tick would leave it as it is."""
+    if text == "-":
+        return False
+    _, _, mtime, ctime = (int(n) for n in text.split(":"))
+    whole = mtime % 1_000_000_000 == 0 and ctime % 1_000_000_000 == 0
+    return max(mtime, ctime) >= now - (_COARSE_TICK_NS if whole else _TICK_NS)
 
 
 # A failure backing off (skill name, failures in a row, retry time in ISO 8601, error), and
@@ -72,7 +77,10 @@ def render(config_file: str, venv: str, python: str, stamped: list[tuple[str, st
 
     lines = [FORMAT, f"config\t{config_file}", f"venv\t{venv}", f"python\t{python}"]
     lines += [f"env\t{k}\t{os.environ.get(k, '')}" for k in ENV_KEYS]
-    lines += [f"stat\t{p}\t{s}" for p, s in stamped]
+    plain, trees = _by_tree(stamped)
+    lines += [f"stat\t{p}\t{s}" for p, s in plain]
+    lines += ["\t".join(["tree", root, *(f for entry in entries for f in entry)])
+              for root, entries in trees.items()]
     if until is not None:
         lines.append(f"until\t{until!r}")
     # Errors escaped: one line, no tab; the warm path prints them in its warnings.
@@ -83,6 +91,25 @@ def render(config_file: str, venv: str, python: str, stamped: list[tuple[str, st
     if not kernel_server:
         lines.append("kernel-server\toff")
     return "\n".join(lines) + "\n"
+
+
+def _by_tree(stamped: list[tuple[str, str]]
+             ) -> tuple[list[tuple[str, str]], dict[str, list[tuple[str, str]]]]:
+    """``stamped`` apart: the paths in a git skill's tree (``<cache>/git/trees/SHA/NAME``),
+    by tree (path in it, stamp), for one ``tree`` line each (warm._tree_holds), and the rest."""
+    from bootstrap.warm import git_trees_dir
+
+    prefix = f"{git_trees_dir()}/"
+    plain: list[tuple[str, str]] = []
+    trees: dict[str, list[tuple[str, str]]] = {}
+    for path, text in stamped:
+        parts = path[len(prefix):].split("/", 2) if path.startswith(prefix) else []
+        if len(parts) < 2 or not all(parts[:2]):
+            plain.append((path, text))
+            continue
+        root = f"{prefix}{parts[0]}/{parts[1]}"
+        trees.setdefault(root, []).append((parts[2] if len(parts) > 2 else "", text))
+    return plain, trees
 
 
 def save(config_file: str, venv: str, python: str, stamped: list[tuple[str, str]],

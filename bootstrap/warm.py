@@ -39,7 +39,9 @@ if TYPE_CHECKING:  # try_cli's hook: (venv, interpreter, PYTHON-ARGS, config fil
 # 3: invalid skills; errors as warm_failures.escape writes them (the warm path prints them).
 # 4: `kernel-server\toff` when the config turns the kernel server off (the warm `run` reads no
 #    TOML).
-FORMAT = "kernel-bootstrap-warm 4"
+# 5: every entry of a git skill's tree is stamped, on one `tree` line per tree (a 4 vouched for
+#    a tree by its root, SKILL.md and pyproject.toml alone: an edit of another file went unseen).
+FORMAT = "kernel-bootstrap-warm 5"
 # Environment that changes what the full check would conclude (offline: which failures back off).
 ENV_KEYS = ("KERNEL_BOOTSTRAP_VENV", "KERNEL_BOOTSTRAP_PYTHON", "KERNEL_BOOTSTRAP_SNAPSHOTS",
             "KERNEL_BOOTSTRAP_NO_GENERATIONS", "KERNEL_BOOTSTRAP_OFFLINE", "UV_OFFLINE",
@@ -65,6 +67,19 @@ def now() -> float:
     return time.time()
 
 
+# No failure waits longer than this from when it was recorded (bootstrap.skills.backoff).
+LONGEST_DELAY = 3600.0
+
+
+def believed(retry_at: float) -> float:
+    """A recorded retry time as every backoff decision reads it, warm or not (the one rule):
+    itself, or 0 (due) when it lies further ahead of now than :data:`LONGEST_DELAY`. Such a
+    time was written by a clock that was ahead (a restored VM, an NTP step back), and its wait
+    means nothing. Not capped at now + the longest delay: read again an hour later, that cap
+    would be an hour later too, and would never come."""
+    return 0.0 if retry_at > now() + LONGEST_DELAY else retry_at
+
+
 def cache_dir() -> str:
     """Where fingerprints live: platformdirs' user cache dir for kernel-bootstrap (a test
     holds the two together), without platformdirs' import cost."""
@@ -79,6 +94,12 @@ def cache_dir() -> str:
     if sys.platform == "darwin":
         return os.path.join(home, "Library", "Caches", "kernel-bootstrap")
     return os.path.join(home, ".cache", "kernel-bootstrap")
+
+
+def git_trees_dir() -> str:
+    """Where git skills' materialised trees live (``bootstrap.sources.paths.trees_root``):
+    the fingerprint's writer groups their stamps by tree without importing the sources."""
+    return os.path.join(cache_dir(), "git", "trees")
 
 
 def untrusted(st: os.stat_result) -> str | None:
@@ -110,6 +131,38 @@ def stamp(path: str) -> str:
     except OSError:
         return "-"
     return f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+
+
+def _tree_holds(fields: list[str], stamped: set[str]) -> bool:
+    """A ``tree`` line (``tree ROOT REL STAMP REL STAMP ...``, "" the root itself): whether
+    every entry still has its :func:`stamp`. Each is stat'ed relative to the root's descriptor:
+    the kernel then walks one or two names, not the ten of a path into the git cache (a tree
+    of 25 files costs ~30% less). Each path joins ``stamped``, as a ``stat`` line's does."""
+    root = fields[1]
+    relative = os.stat in os.supports_dir_fd
+    try:
+        fd = os.open(root, os.O_RDONLY) if relative else -1
+    except OSError:
+        return False
+    try:
+        for i in range(2, len(fields) - 1, 2):
+            rel = fields[i]
+            path = f"{root}/{rel}" if rel else root
+            if not relative:
+                text = stamp(path)
+            else:
+                try:
+                    st = os.stat(rel or ".", dir_fd=fd)
+                    text = f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+                except OSError:
+                    text = "-"
+            if text != fields[i + 1]:
+                return False
+            stamped.add(path)
+    finally:
+        if relative:
+            os.close(fd)
+    return True
 
 
 def read_text(path: str) -> str | None:
@@ -196,6 +249,9 @@ def holds(config_file: str) -> Held | None:
             if stamp(fields[1]) != fields[2]:
                 return None
             stamped.add(fields[1])
+        elif kind == "tree" and len(fields) % 2 == 0:
+            if not _tree_holds(fields, stamped):
+                return None
         elif kind == "until" and len(fields) == 2:
             if not _before(fields[1]):
                 return None  # a failure is due: the full path retries it
@@ -222,7 +278,7 @@ def _failures(recorded: list[list[str]]) -> tuple[list[tuple[str, int, str, str]
 
 def _before(deadline: str) -> bool:
     try:
-        return now() < float(deadline)
+        return now() < believed(float(deadline))
     except ValueError:
         return False
 

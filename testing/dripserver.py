@@ -10,6 +10,7 @@ client goes away or the server stops.
 from __future__ import annotations
 
 import contextlib
+import ssl
 import threading
 import time
 from collections.abc import Iterator
@@ -67,14 +68,18 @@ def _handler(drip: Drip) -> type[BaseHTTPRequestHandler]:
 
 
 @contextlib.contextmanager
-def serving(drip: Drip) -> Iterator[str]:
-    """Serve ``drip`` on a free loopback port; yield the endpoint URL; stop it."""
+def serving(drip: Drip, context: ssl.SSLContext | None = None) -> Iterator[str]:
+    """Serve ``drip`` on a free loopback port (over TLS with ``context``); yield the endpoint
+    URL; stop it."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(drip))
+    if context is not None:
+        server.socket = context.wrap_socket(server.socket, server_side=True)
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
+        scheme = "https" if context is not None else "http"
+        yield f"{scheme}://127.0.0.1:{server.server_address[1]}"
     finally:
         drip.stop.set()
         server.shutdown()

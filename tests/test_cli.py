@@ -118,6 +118,47 @@ def test_the_later_config_wins_as_argparse_reads_it(world: World, tmp_path: Path
     assert result.returncode in (0, 1), result.stderr
 
 
+def test_gc_help_says_everything_gc_does() -> None:
+    # It said only "remove leftovers of dead processes".
+    for out in (cli("gc", "-h").stdout, cli("-h").stdout):
+        words = " ".join(out.split())
+        for does in ("leftovers", "unused generations", "old cache entries",
+                     "stale kernel servers"):
+            assert does in words, does
+
+
+def test_snapshot_prune_help_says_what_plain_prune_needs(tmp_path: Path) -> None:
+    # Its help said the defaults kept everything ("keep all", "any age"), yet a plain
+    # `snapshot prune` exits 2.
+    words = " ".join(cli("snapshot", "prune", "-h").stdout.split())
+    assert "keep all" not in words and "any age" not in words
+    assert "give --keep, --older-than or both" in words
+    (tmp_path / "kernel-bootstrap.toml").write_text('snapshots = "store"\n')
+    plain = cli("snapshot", "prune", cwd=tmp_path)
+    assert plain.returncode == 2 and "--keep N and/or --older-than DAYS" in plain.stderr
+
+
+@pytest.mark.parametrize("argv", [["run", "-c", "print(1)"],
+                                  ["--config", "k.toml", "run", "--strict", "-m", "x y"]])
+def test_run_with_python_args_before_double_dash_says_to_put_it_first(argv: list[str],
+                                                                       tmp_path: Path) -> None:
+    result = cli(*argv, cwd=tmp_path)
+    assert result.returncode == 2 and "unrecognized arguments" in result.stderr
+    assert ("the interpreter's arguments go after `--`: `kernel-bootstrap run -- -c 'print(1)'`"
+            in result.stderr)
+
+
+def test_ensure_json_with_a_config_error_prints_an_object_as_status_json_does(
+        tmp_path: Path) -> None:
+    config = tmp_path / "kernel-bootstrap.toml"
+    config.write_text('venv = "v"\nbogus = 1\n')
+    for command in ("ensure", "status"):
+        result = cli(command, "--json", "--config", str(config))
+        assert result.returncode == 2 and "unknown key 'bogus'" in result.stderr
+        out = json.loads(result.stdout)
+        assert "unknown key 'bogus'" in out["error"], command
+
+
 def test_kernelspec_prefix_empty_is_a_usage_error_not_the_current_directory(
         tmp_path: Path) -> None:
     result = cli("kernelspec", "install", "--prefix", "", cwd=tmp_path)
@@ -186,14 +227,22 @@ def test_a_run_started_with_stdout_closed_still_succeeds(world: World, command: 
     assert (result.returncode, "Traceback" in result.stderr) == (0, False), result.stderr
 
 
-def test_top_level_help_names_every_variable_of_readmes_environment_table() -> None:
+# Read by the code for tests and debugging only: no user sets them.
+_INTERNAL_VARIABLES = {"KERNEL_BOOTSTRAP_TEST_NOW", "KERNEL_BOOTSTRAP_NO_EXCHANGE"}
+
+
+def test_readmes_environment_table_and_help_name_the_same_variables_the_code_reads() -> None:
+    # The table lacked KERNEL_BOOTSTRAP_CONFIG, _SNAPSHOTS and _SNAPSHOT_TIMEOUT, which -h named.
     import re
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    root = Path(__file__).resolve().parent.parent
+    readme = (root / "README.md").read_text()
     table = readme[readme.index("| environment | effect |"):]
     table = table[:table.index("\n\n")]
-    names = re.findall(r"^\| `([A-Z_]+)`", table, flags=re.MULTILINE)
-    assert "KERNEL_BOOTSTRAP_NO_GENERATIONS" in names and "KERNEL_BOOTSTRAP_LOG_FORMAT" in names
+    in_readme = re.findall(r"^\| `(KERNEL_BOOTSTRAP_[A-Z_]+)`", table, flags=re.MULTILINE)
     out = cli("--help").stdout
     environment = out[out.index("\nenvironment:\n"):]
-    assert [n for n in names if not re.search(rf"\n  {n}[ =]", environment)] == []
+    in_help = re.findall(r"^  (KERNEL_BOOTSTRAP_[A-Z_]+)", environment, flags=re.MULTILINE)
+    read = {name for path in (root / "bootstrap").rglob("*.py")
+            for name in re.findall(r"KERNEL_BOOTSTRAP_[A-Z_]+[A-Z]", path.read_text())}
+    assert sorted(in_readme) == sorted(in_help) == sorted(read - _INTERNAL_VARIABLES)

@@ -45,6 +45,17 @@ def test_invalid_toml(world: World) -> None:
     assert_rejected(world, str(world.config), "invalid TOML")
 
 
+@pytest.mark.parametrize(("text", "line"), [
+    ("venv = \n", "line 1: venv ="),  # tomllib: "Invalid value (at end of document)"
+    ('requirements = ["six",\n\n', 'line 1: requirements = ["six",'),
+    ('venv = "v"\nskills = ["skills/*"\nuv-args = []\n', "line 3: uv-args = []"),
+    ('venv = "v"\nfoo bar\n', "line 2: foo bar"),
+])
+def test_invalid_toml_names_and_quotes_the_line(world: World, text: str, line: str) -> None:
+    world.config.write_text(text)
+    assert_rejected(world, str(world.config), "invalid TOML", f"\n  {line}\n")
+
+
 def test_unknown_key(world: World) -> None:
     world.config.write_text('venv = "venv"\nrequirement = ["x"]\n')
     assert_rejected(world, str(world.config), "'requirement'")
@@ -96,6 +107,18 @@ def test_a_plain_skill_path_must_be_a_skill(world: World, tmp_path: Path) -> Non
 def test_missing_constraints_file(world: World) -> None:
     world.write_config(constraints="constraints.txt")
     assert_rejected(world, "'constraints'", "constraints.txt")
+
+
+def test_every_missing_path_is_named_at_once(world: World) -> None:
+    # README's full example failed once per file: constraints.txt, then pylock.toml.
+    world.write_config(constraints="constraints.txt", lock="pylock.toml",
+                       skills=["skills/*", "nowhere/*", "../shared/pdf"])
+    assert_rejected(world, "4 paths it names do not exist:",
+                    f"key 'constraints': file not found: {world.root / 'constraints.txt'}",
+                    f"skills[1]: the pattern 'nowhere/*' matches nothing: "
+                    f"{world.root / 'nowhere'} does not exist",
+                    f"skills[2]: not a directory: {world.root.parent / 'shared' / 'pdf'}",
+                    f"key 'lock': file not found: {world.root / 'pylock.toml'}")
 
 
 def test_bad_lock_timeout_is_a_usage_error(world: World) -> None:

@@ -142,8 +142,8 @@ def test_a_fingerprint_of_the_previous_format_is_not_believed(world: World) -> N
     path = warm.fingerprint_path(str(world.config))
     assert path is not None
     text = Path(path).read_text(encoding="utf-8")
-    assert text.startswith("kernel-bootstrap-warm 4\n")
-    Path(path).write_text(text.replace("kernel-bootstrap-warm 4", "kernel-bootstrap-warm 3"))
+    assert text.startswith(f"{warm.FORMAT}\n")
+    Path(path).write_text(text.replace(warm.FORMAT, "kernel-bootstrap-warm 4"))
     assert warm.holds(str(world.config)) is None
 
 

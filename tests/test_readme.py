@@ -12,11 +12,14 @@ import re
 import shlex
 import subprocess
 import sys
+import tomllib
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from bootstrap import config
+from bootstrap.errors import ConfigError
 from testing import REPO_ROOT
 from testing.skills import make_skill
 from testing.uvlog import fake_uv_shim
@@ -138,3 +141,35 @@ def test_what_it_touches_names_every_file_beside_the_venv() -> None:
     spelled = {name.replace("-<pid>-<token>", "-*") for name in beside}
     assert "<venv>.rebuild-failed" in spelled
     assert [name for name in sorted(spelled) if f"`{name}`" not in promise] == []
+
+
+def test_the_full_config_example_is_a_reference_and_writes_only_beside_itself(
+        tmp_path: Path) -> None:
+    # Used as written it wrote 60 MB to /mnt/kb-snapshots and failed one missing file at a time.
+    readme = README.read_text(encoding="utf-8")
+    start = readme.index("The keys, for reference")
+    intro = readme[start:readme.index("```toml", start)]
+    assert "not a config to copy as it is" in intro
+    body = next(b for _, lang, b in blocks(readme[start:]) if lang == "toml")
+    data = tomllib.loads(body)
+    assert set(data) <= set(config._KEYS)
+    for key in ("venv", "snapshots"):  # what it writes
+        assert not Path(data[key]).is_absolute() and ".." not in Path(data[key]).parts, key
+    example = tmp_path / "example" / "kernel-bootstrap.toml"
+    example.parent.mkdir()
+    example.write_text(body, encoding="utf-8")
+    with pytest.raises(ConfigError) as refused:
+        config.load_config(example)
+    named = re.findall(r"`([^`]+)`", intro.split(";")[0])
+    assert named == ["constraints.txt", "pylock.toml", "skills/", "../shared/pdf"]
+    paths = [os.path.normpath(example.parent / name) for name in named]
+    assert all(path in str(refused.value) for path in paths), str(refused.value)
+
+
+def test_every_uv_install_it_advises_compiles_the_bytecode() -> None:
+    # `uv tool install .` leaves the tool without bytecode: a warm `ensure` cost 1.46x a
+    # `python -c pass` where it could not write it, 0.94x with it (issue 38).
+    text = " ".join(README.read_text(encoding="utf-8").split())
+    advised = re.findall(r"uv (?:tool|pip) install[^`\n]*?\.(?=[`\s])", text)
+    assert advised, "the README no longer advises a uv install"
+    assert [a for a in advised if "--compile-bytecode" not in a] == []

@@ -1,12 +1,14 @@
 """``kernel-bootstrap gc``: remove what dead processes left beside the venv and the old
 generations no process uses (saying which it kept because one does), prune the build cache
 (entries whose skill is gone or that nobody used for 30 days) and the git cache (what no
-skills lock on this machine names and nobody used for 30 days, bootstrap.sources.gc), and stop
-the kernel servers of generations that are gone (bootstrap.kernels.info.stop_stale)."""
+skills lock on this machine names, no generation of a venv with git sources uses and nobody
+used for 30 days, bootstrap.sources.gc), and stop the kernel servers of generations that are
+gone (bootstrap.kernels.info.stop_stale)."""
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -30,7 +32,8 @@ def gc(config_path: Path | None, *, as_json: bool, roots: Sequence[Path] = (),
     done: list[str] = prune()
     from bootstrap.sources.gc import prune as prune_git
 
-    done += prune_git(MAX_AGE_DAYS)  # what no skills lock names, unused as long
+    # What no skills lock names, unused as long, and no venv's generation uses.
+    done += prune_git(MAX_AGE_DAYS, in_use=_git_trees_in_use())
     stopped = stop_stale()
     done += [f"stopped the kernel server of {s['venv']} (pid {s['pid']}): its generation "
              f"{s['generation']} is gone" for s in stopped]
@@ -55,6 +58,42 @@ def gc(config_path: Path | None, *, as_json: bool, roots: Sequence[Path] = (),
             removal = generations.remove_unused(config.venv)
     done += [f"removed generation {p}" for p in removal.removed]
     return _report(config.venv, done, removal, stopped, as_json)
+
+
+def _git_trees_in_use() -> list[str]:
+    """The skill directories that the generations of every venv with git sources use (their
+    markers' skills and their editables): between ``lock --upgrade`` and the next ``ensure``
+    no skills lock names the tree a live kernel imports from. A venv that is gone, with
+    every generation, is forgotten."""
+    import contextlib
+
+    from bootstrap.sources import registry
+
+    out: list[str] = []
+    for entry, live in registry.known_venvs():
+        found = _generations(live)
+        if not found and not os.path.lexists(live):
+            with contextlib.suppress(OSError):
+                os.unlink(entry)
+        for generation in found:
+            out += _used_by(generation)
+    return out
+
+
+def _generations(live: Path) -> list[Path]:
+    """Every generation of the venv at ``live`` (a plain venv: itself)."""
+    now = generations.current(live)
+    here = [now] if now is not None else [live] if os.path.isdir(live) else []
+    return here + generations.others(live)
+
+
+def _used_by(venv: Path) -> list[str]:
+    from bootstrap.env.marker import read_marker
+    from bootstrap.env.venv import editable_urls, url_path
+
+    marker = read_marker(venv)
+    used = [r["path"] for r in marker.data["skills"].values()] if marker.data else []
+    return used + [p for url in editable_urls(venv).values() if (p := url_path(url))]
 
 
 def _report(venv: Path | None, done: list[str], removal: generations.Removal,

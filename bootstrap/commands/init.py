@@ -28,6 +28,12 @@ requirements = ["ipykernel"]
 # Where `ensure` pins git sources (commit and tree sha256). Default: beside this file.
 # skills-lock = "skills-lock.toml"
 
+# Seconds a git server may send nothing before its source counts as unreachable (what is
+# installed stays); raise it for a slow link. And file:// repositories owned by another user
+# that git may read (git runs without your git config, so its safe.directory is not read).
+# git-timeout = 15
+# git-safe-directories = ["/srv/git/tools"]
+
 # The interpreter for the venv: a version ("3.12") or a path.
 # Default: the interpreter running kernel-bootstrap.
 # python = "3.12"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from bootstrap.config import load_config
@@ -22,6 +23,12 @@ def install(config_path: Path | None, *, name: str, display_name: str | None, us
     config = load_config(config_path)
     # Before ensure: a config without ipykernel must not cost a venv build to find out.
     kernelspec.require_ipykernel(config)
+    if config.venv_from == "default" and not direct:
+        # A config naming no venv gets one under the user data dir, which a launcher with
+        # another HOME or XDG_DATA_HOME finds elsewhere: it silently built a second venv. The
+        # spec's env carries the venv resolved here; set for ensure too, so that the warm
+        # fingerprint it saves (the env is part of it) is the one the first kernel start finds.
+        os.environ["KERNEL_BOOTSTRAP_VENV"] = str(config.venv)
     # The first kernel start is then warm; every start goes through the gate unless --direct.
     result = ensure(config)
     spec = kernelspec.spec_for(result.python, kernel, display_name, config, direct=direct)

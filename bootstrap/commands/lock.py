@@ -68,7 +68,8 @@ def _skills(config: Config, upgrade: bool) -> tuple[dict[str, Any], str, dict[st
     before = _bytes(path)
     from bootstrap.sources import registry
 
-    registry.remember_for(config.git_sources, config.skills_lock)
+    # The venv too: once this moves the lock on, only its editables name the trees it uses.
+    registry.remember_for(config.git_sources, config.skills_lock, config.venv)
     _, failed = sources.prepare(config, upgrade=upgrade)
     changed = _bytes(path) != before
     entries = lockfile.read(path)

@@ -20,7 +20,7 @@ def configured_trees(config_path: Path | None) -> list[Path]:
     from bootstrap.sources import registry
 
     config = load_config(config_path)
-    registry.remember_for(config.git_sources, config.skills_lock)
+    registry.remember_for(config.git_sources, config.skills_lock, config.venv)
     config, failed = sources.prepare(config)
     if failed:
         said = "; ".join(f"{name}: {why}" for name, why in failed.items())

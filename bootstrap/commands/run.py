@@ -22,7 +22,6 @@ from bootstrap.engine.ensure import ensure
 from bootstrap.engine.status import status
 from bootstrap.errors import BootstrapError, ConfigError
 from bootstrap.primitives import log, process
-from bootstrap.sources import registry
 
 
 def run(config_path: Path | None, *, strict: bool, python_args: Sequence[str],
@@ -30,7 +29,10 @@ def run(config_path: Path | None, *, strict: bool, python_args: Sequence[str],
     """Exec the ready interpreter; with ``strict``, exit 3 instead when a skill failed;
     ``locked``: exit 2 when the skills lock does not match the git sources."""
     config = load_config(config_path)
-    registry.remember_for(config.git_sources, config.skills_lock)
+    if config.git_sources:  # without any, nothing of bootstrap.sources is imported
+        from bootstrap.sources import registry
+
+        registry.remember_for(config.git_sources, config.skills_lock, config.venv)
     try:
         result = ensure(config, locked=locked)
     except (BootstrapError, OSError) as e:  # OSError: the environment's, as the CLI says

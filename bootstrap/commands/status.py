@@ -12,12 +12,14 @@ from bootstrap.engine.status import SkillStatus, Status
 from bootstrap.engine.status import status as read_status
 from bootstrap.env import generations
 from bootstrap.env.venv import python_version
-from bootstrap.errors import EXIT_FAILED, EXIT_OK, BootstrapError
+from bootstrap.errors import EXIT_FAILED, EXIT_OK, EXIT_SKILLS_FAILED, BootstrapError
 from bootstrap.primitives.lock import LockInfo, inspect
 from bootstrap.skills.backoff import Failure, iso
 
 
-def status(config_path: Path | None, *, as_json: bool) -> int:
+def status(config_path: Path | None, *, as_json: bool, verbose: bool = False) -> int:
+    """0 ready, 3 ready but a skill failed (what ``ensure --strict`` exits with), 1 not ready.
+    ``verbose``: each failed skill's whole error under its line."""
     try:
         config = load_config(config_path)
     except BootstrapError as e:
@@ -42,8 +44,8 @@ def status(config_path: Path | None, *, as_json: bool) -> int:
     else:
         briefly = {name: f"git {w['source']['git']}@{w['source']['commit'][:12]}"
                    for name, w in where.items() if "source" in w}
-        text = _with_generations(_with_origin(render(found, held, briefly), config),
-                                 generation)
+        text = _with_generations(_with_origin(render(found, held, briefly, verbose=verbose),
+                                              config), generation)
         text = _with_kernel_server(text, server)
         if lockfile:
             text = _with_lockfile(text, config, lockfile["lockfile"])
@@ -51,7 +53,9 @@ def status(config_path: Path | None, *, as_json: bool) -> int:
         if snapshot["store"]:
             exists = {True: "one exists", False: "none yet", None: "unknown"}[snapshot["exists"]]
             print(f"snapshot: {exists} for this runtime in {snapshot['store']}")
-    return EXIT_OK if found.ready else EXIT_FAILED
+    if not found.ready:
+        return EXIT_FAILED
+    return EXIT_SKILLS_FAILED if found.failed else EXIT_OK
 
 
 def snapshot_info(config: Config) -> dict[str, Any]:
@@ -136,7 +140,7 @@ def _with_lockfile(text: str, config: Config, state: str) -> str:
     # Just above the verdict, whose advice must come first when the lock is what is wrong.
     *lines, verdict = text.splitlines()
     lines.append(f"lock file: {state} ({config.lock})")
-    if state != "current" and not verdict.endswith("yes"):
+    if state != "current" and not verdict.startswith("ready:   yes"):
         verdict = "ready:   no; run `kernel-bootstrap lock`, then `kernel-bootstrap ensure`"
     return "\n".join([*lines, verdict])
 
@@ -148,7 +152,7 @@ def skill_places(config: Config) -> dict[str, dict[str, Any]]:
     if not config.git_sources or config.skills_lock is None:
         return out
     from bootstrap.sources import lockfile
-    from bootstrap.sources.materialise import tree_path
+    from bootstrap.sources.paths import tree_path
 
     keys = {lockfile.source_key(s) for s in config.git_sources}
     for e in lockfile.read(config.skills_lock):
@@ -181,36 +185,54 @@ def _skill_dict(skill: SkillStatus) -> dict[str, Any]:
     return {**entry, **skill.failure.as_json()} if skill.failure is not None else entry
 
 
-def render(found: Status, held: LockInfo, sources: dict[str, str] | None = None) -> str:
-    """The text status; ``sources``: skill name -> where it comes from, said briefly."""
+def render(found: Status, held: LockInfo, sources: dict[str, str] | None = None, *,
+           verbose: bool = False) -> str:
+    """The text status; ``sources``: skill name -> where it comes from, said briefly;
+    ``verbose``: each failed skill's whole error, indented under its line."""
     lines = [
         f"venv:    {found.venv}",
         f"python:  {found.python}",
         f"marker:  {found.marker.state}" + (f" ({found.marker.problem})"
                                             if found.marker.problem else ""),
         f"runtime: {found.runtime}" + (f" ({'; '.join(found.why)})" if found.why else ""),
-        "lock:    " + (f"held by pid {held.pid}" if held.held and held.pid
-                       else "held" if held.held else "free"),
+        # Not "lock:": that word is the lock file's (the pins) on the line below it.
+        "busy:    " + (f"yes, pid {held.pid} holds the venv's lock (ensure, repair or gc)"
+                       if held.held and held.pid else "yes, the venv's lock is held"
+                       if held.held else "no"),
     ]
     if found.rebuild is not None:
         lines.insert(4, f"rebuild: failed ({_when(found.rebuild)}): "
-                        f"{_last_line(found.rebuild.error)}")
+                        f"{summary(found.rebuild.error)}")
     if found.skills or found.stray:  # a stray skill alone still goes under its heading
         lines.append("skills:")
     if found.skills:
         width = max(len(s.name) for s in found.skills)
         for s in found.skills:
             kind = "python" if s.python else "plain"
-            error = f"  {_last_line(s.error)}" if s.error else ""
+            error = f"  {summary(s.error)}" if s.error else ""
             error += f" ({_when(s.failure)})" if s.failure else ""
+            error += " (still installed: `kernel-bootstrap ensure` uninstalls it)" \
+                if s.still_installed else ""
             origin = f"  {sources[s.name]}" if sources and s.name in sources else ""
             lines.append(f"  {s.name:<{width}}  {s.state:<9}  {kind}{origin}{error}")
+            if verbose and s.error and s.error.strip() != summary(s.error):
+                lines += [f"  {'':<{width}}    {line}" for line in s.error.strip().splitlines()]
             lines += [f"  {'':<{width}}  warning: {w}" for w in s.warnings]
     for name in found.stray:
         lines.append(f"  {name}  recorded but no longer configured (ensure uninstalls it)")
-    verdict = "yes" if found.ready else f"no; run {_next(found)}"
-    lines.append(f"ready:   {verdict}")
+    lines.append(f"ready:   {_verdict(found)}")
     return "\n".join(lines)
+
+
+def _verdict(found: Status) -> str:
+    if not found.ready:
+        return f"no; run {_next(found)}"
+    if not found.failed:
+        return "yes"
+    names = ", ".join(s.name for s in found.failed)
+    ensure = f"`kernel-bootstrap ensure{' --retry' if found.backed_off else ''}`"
+    return (f"yes, without the failed skill(s) {names} (exit 3); after fixing them, run "
+            f"{ensure} or `kernel-bootstrap repair`")
 
 
 def _when(failure: Failure) -> str:
@@ -223,6 +245,20 @@ def _when(failure: Failure) -> str:
 def _last_line(text: str) -> str:
     lines = text.strip().splitlines()
     return lines[-1].strip() if lines else text
+
+
+def summary(error: str) -> str:
+    """An error on one line: for a resolver's, uv's ``error:`` line and what its first cause
+    could not find (its last line, ``And because only x==0.1.0 is available...``, named only
+    the skill); else the last line (a build's exception, a download's cause)."""
+    lines = [line.strip() for line in error.strip().splitlines()]
+    head = next((line for line in lines if line.startswith("error:")), None)
+    cause = next((line for line in lines if line.startswith("cause: Because ")), None)
+    if head is None or cause is None:
+        return _last_line(error)
+    # "Because X was not found in Y and Z depends on X, we can conclude ...": "X was not ..."
+    gist = cause.removeprefix("cause: Because ").split(" and ")[0].split(", we can")[0]
+    return f"{head.removeprefix('error:').strip()}: {gist}"
 
 
 def _next(found: Status) -> str:

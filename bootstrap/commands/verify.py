@@ -15,9 +15,9 @@ import json
 import os
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlparse
 
 from bootstrap.config import Config, load_config
+from bootstrap.env.venv import editable_urls, project_key, url_path
 from bootstrap.errors import EXIT_FAILED, EXIT_OK
 from bootstrap.sources.verify import Problem
 
@@ -66,12 +66,12 @@ def _editables(venv: Path) -> tuple[int, list[Problem]]:
     if marker.data is None:
         bad = marker.state == "corrupt"
         return 0, [Problem("editable", "-", str(venv), marker.problem)] if bad else []
-    urls = _editable_urls(venv)
+    urls = editable_urls(venv)
     problems = []
     for name, record in sorted(marker.data["skills"].items()):
         want = os.path.realpath(record["path"])
-        url = urls.get(_normal(record["project"]))
-        where = _path_of(url) if url else None
+        url = urls.get(project_key(record["project"]))
+        where = url_path(url) if url else None
         if where is None:
             detail = f"no editable install of {record['project']} in {venv}"
         elif where != want:
@@ -82,39 +82,6 @@ def _editables(venv: Path) -> tuple[int, list[Problem]]:
             continue
         problems.append(Problem("editable", name, want, detail))
     return len(marker.data["skills"]), problems
-
-
-def _editable_urls(venv: Path) -> dict[str, str]:
-    """Normalised project name -> the URL of each editable install in the venv."""
-    from bootstrap.env.venv import Venv
-    from bootstrap.primitives.fs import read_state_file
-
-    out: dict[str, str] = {}
-    for site in Venv.at(venv).site_packages():
-        try:
-            infos = [e for e in os.scandir(site) if e.name.endswith(".dist-info")]
-        except OSError:
-            continue
-        for info in infos:
-            try:
-                data: Any = json.loads(read_state_file(Path(info.path) / "direct_url.json"))
-            except (OSError, ValueError, RecursionError):
-                continue
-            if isinstance(data, dict) and isinstance(data.get("url"), str) and \
-                    isinstance(data.get("dir_info"), dict) and data["dir_info"].get("editable"):
-                out[_normal(info.name[:-len(".dist-info")].rsplit("-", 1)[0])] = data["url"]
-    return out
-
-
-def _normal(project: str) -> str:
-    import re
-
-    return re.sub(r"[-_.]+", "_", project).lower()
-
-
-def _path_of(url: str) -> str | None:
-    parsed = urlparse(url)
-    return os.path.realpath(unquote(parsed.path)) if parsed.scheme == "file" else None
 
 
 def _as_dict(p: Problem) -> dict[str, Any]:

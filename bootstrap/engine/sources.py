@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from pathlib import Path
 
 from bootstrap.config import Config, Skill
 from bootstrap.engine.results import EnsureResult
 from bootstrap.primitives import log
 from bootstrap.sources import prepare as sources
+from bootstrap.sources import treerecord
 
 
 def wanted(config: Config, *, locked: bool = False) -> bool:
@@ -35,7 +37,10 @@ def prepare(config: Config, *, upgrade: bool = False,
                            local={s.name: s.path for s in local}, offline=config.offline,
                            upgrade=upgrade, locked=locked)
     git = tuple(Skill(s.name, s.path) for s in done.skills)
-    return dataclasses.replace(config, skills=local + git), done.failed
+    # Every entry of every tree used is stamped by the warm fingerprint (not only its root,
+    # SKILL.md and pyproject.toml): an edited file sends the next start to the check above.
+    watch = config.watch + tuple(Path(p) for s in done.skills for p in treerecord.watched(s.path))
+    return dataclasses.replace(config, skills=local + git, watch=watch), done.failed
 
 
 def merged(result: EnsureResult, failed: dict[str, str], config: Config) -> EnsureResult:
@@ -44,7 +49,9 @@ def merged(result: EnsureResult, failed: dict[str, str], config: Config) -> Ensu
     if not failed:
         return result
     for name, error in failed.items():
-        log.warning(f"skill {name} failed: {error}", skill=name)
+        # A source that failed as a whole is named as the config names it (skills[N]).
+        what = name if name.startswith("skills[") else f"skill {name}"
+        log.warning(f"{what} failed: {error}", skill=name)
     if config.path is not None:
         from bootstrap import fingerprint
 

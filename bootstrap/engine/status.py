@@ -46,6 +46,9 @@ class SkillStatus:
     warnings: tuple[str, ...] = ()
     # Failed because no agent can load its SKILL.md: nothing to retry while that is unchanged.
     invalid: bool = False
+    # Invalid, yet the marker still records it installed (its SKILL.md broke after it was):
+    # the next full `ensure` uninstalls it, as a failed skill is not installed.
+    still_installed: bool = False
 
 
 @dataclass(frozen=True)
@@ -65,8 +68,8 @@ class Status:
         whose SKILL.md is invalid (one such skill once made every start cold, taking the lock:
         no uv call can fix a SKILL.md)."""
         return (self.base_current and not self.stray
-                and all(s.state == "installed" or s.backing_off or s.invalid
-                        for s in self.skills))
+                and all(s.state == "installed" or s.backing_off
+                        or (s.invalid and not s.still_installed) for s in self.skills))
 
     @property
     def backed_off(self) -> list[SkillStatus]:
@@ -82,8 +85,18 @@ class Status:
 
     @property
     def ready(self) -> bool:
+        """What ``ensure`` answers 0 for: the runtime current and every skill installed or
+        failed. A failed skill is reported (``failed``), never "not ready": the kernel starts
+        without it, and only a fix of the skill changes that (``ensure --strict`` and
+        ``status`` say so with exit 3). ``status`` once said "not ready" where ``ensure``
+        said ready."""
         return (self.base_current and not self.stray
-                and all(s.state == "installed" for s in self.skills))
+                and all(s.state in ("installed", "failed") and not s.still_installed
+                        for s in self.skills))
+
+    @property
+    def failed(self) -> list[SkillStatus]:
+        return [s for s in self.skills if s.state == "failed"]
 
     @property
     def pending(self) -> list[str]:
@@ -142,9 +155,10 @@ def _skill_status(skill: Skill, is_python: bool, digest: str, recorded: dict[str
                   failed: dict[str, Any], vouched: frozenset[str]) -> SkillStatus:
     vouch = vouched and os.path.join(skill.path, SKILL_FILE) in vouched
     spec = _CLEAN if vouch else skill.spec
-    if spec.errors:  # no agent can load it: failed, whatever is installed
+    if spec.errors:  # no agent can load it: failed, and uninstalled by the next ensure
         return SkillStatus(skill.name, is_python, "failed", spec.problem,
-                           warnings=_warnings(spec), invalid=True)
+                           warnings=_warnings(spec), invalid=True,
+                           still_installed=is_python and skill.name in recorded)
     state = _install_state(skill, is_python, digest, recorded, failed)
     return replace(state, warnings=_warnings(spec)) if spec.warnings else state
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,13 +66,14 @@ class Uv:
     network: Network = ONLINE
 
     def run(self, *args: str | Path, what: str, index: bool = True,
-            cwd: Path | None = None) -> process.Result:
+            cwd: Path | None = None, env: Mapping[str, str] | None = None) -> process.Result:
         """``uv ARGS``; ``index``: the call may need an index, so it is made ``--offline``
-        when the session is (a call that never needs one is, only when configured so)."""
+        when the session is (a call that never needs one is, only when configured so);
+        ``env``: added to :func:`environment`."""
         argv, what = self._offline(args, what, index)
         log.debug("uv", argv=[str(a) for a in argv])
-        return process.run(self.exe, *argv, env=environment(), what=what, error=UvError,
-                           cwd=cwd)
+        return process.run(self.exe, *argv, env={**environment(), **(env or {})}, what=what,
+                           error=UvError, cwd=cwd)
 
     def _offline(self, args: Sequence[str | Path], what: str,
                  index: bool) -> tuple[list[str | Path], str]:
@@ -101,9 +102,10 @@ class Uv:
                  what=f"uv could not create the venv at {path}", index=False)
 
     def install(self, python: Path, args: Sequence[str | Path], what: str,
-                cwd: Path | None = None) -> process.Result:
+                cwd: Path | None = None, env: Mapping[str, str] | None = None
+                ) -> process.Result:
         """``cwd``: where uv runs, for skills it reaches only from beside them (a ``#``)."""
-        return self.run(*self._install(python, args), what=what, cwd=cwd)
+        return self.run(*self._install(python, args), what=what, cwd=cwd, env=env)
 
     def installing(self, python: Path, args: Sequence[str | Path],
                    what: str) -> contextlib.AbstractContextManager[None]:

@@ -205,3 +205,40 @@ def recover(live: Path) -> list[str]:
     if done:
         log.info("recovered leftovers", venv=str(live), actions=done)
     return done
+
+
+def editable_urls(venv: Path) -> dict[str, str]:
+    """Normalised project name (:func:`project_key`) -> the URL of each editable install in
+    the venv, from its ``direct_url.json`` (PEP 610); read as untrusted (bounded, no link)."""
+    import json
+
+    out: dict[str, str] = {}
+    for site in Venv.at(venv).site_packages():
+        try:
+            infos = [e for e in os.scandir(site) if e.name.endswith(".dist-info")]
+        except OSError:
+            continue
+        for info in infos:
+            try:
+                data = json.loads(read_state_file(Path(info.path) / "direct_url.json"))
+            except (OSError, ValueError, RecursionError):
+                continue
+            if isinstance(data, dict) and isinstance(data.get("url"), str) and \
+                    isinstance(data.get("dir_info"), dict) and data["dir_info"].get("editable"):
+                out[project_key(info.name[:-len(".dist-info")].rsplit("-", 1)[0])] = data["url"]
+    return out
+
+
+def project_key(project: str) -> str:
+    """A project's name as a ``.dist-info`` directory spells it, lower case."""
+    import re
+
+    return re.sub(r"[-_.]+", "_", project).lower()
+
+
+def url_path(url: str) -> str | None:
+    """The real path a ``file:`` URL names (None for any other URL)."""
+    from urllib.parse import unquote, urlparse
+
+    parsed = urlparse(url)
+    return os.path.realpath(unquote(parsed.path)) if parsed.scheme == "file" else None

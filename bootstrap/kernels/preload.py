@@ -20,9 +20,11 @@ What a preload may leave that breaks a fork (issue 35), and what the server does
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from bootstrap.kernels.serverlog import say
@@ -38,6 +40,7 @@ KERNEL_MODULES = (
     "tornado.platform.asyncio", "sqlite3", "pdb", "pydoc", "IPython.core.logger", "faulthandler",
     "psutil", "pwd", "resource", "runpy",
 )
+_DEBUGPY_QUIET = "PYDEVD_DISABLE_FILE_VALIDATION"
 
 
 @dataclass(frozen=True)
@@ -55,8 +58,9 @@ def run(extra: list[str], timeout: float) -> Preloaded | None:
     signal.signal(signal.SIGALRM, _too_slow)
     signal.setitimer(signal.ITIMER_REAL, timeout)
     try:
-        if not _import_kernel():
-            return None
+        with _quiet_debugpy():
+            if not _import_kernel():
+                return None
         kernel_env = _changed(before_env)
         _import_extra(extra)
     finally:
@@ -67,6 +71,28 @@ def run(extra: list[str], timeout: float) -> Preloaded | None:
     sys.stderr.flush()
     return Preloaded(kernel_env, _changed(after_kernel), frozenset(_open_fds() - before_fds),
                      _threads())
+
+
+@contextlib.contextmanager
+def _quiet_debugpy() -> Iterator[None]:
+    """debugpy (ipykernel.debugger imports it) warns at import, in four lines on stderr, that
+    frozen modules may make it miss breakpoints: in the server that is its log, at every start,
+    about no kernel. ``PYDEVD_DISABLE_FILE_VALIDATION`` lowers those lines to debug; pydevd
+    reads it once, into a constant that nothing but that import reads. So, when it is not set
+    already, it is set for the imports alone and the constant put back to what it would be
+    without it: forked kernels are what they were (a served kernel's stderr never had those
+    lines: they are printed at import, in the server)."""
+    if _DEBUGPY_QUIET in os.environ:
+        yield
+        return
+    os.environ[_DEBUGPY_QUIET] = "1"
+    try:
+        yield
+    finally:
+        del os.environ[_DEBUGPY_QUIET]
+        constants = sys.modules.get("_pydevd_bundle.pydevd_constants")
+        if constants is not None and hasattr(constants, "DISABLE_FILE_VALIDATION"):
+            vars(constants)["DISABLE_FILE_VALIDATION"] = False
 
 
 def _too_slow(signum: int, frame: object) -> None:

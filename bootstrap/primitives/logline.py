@@ -59,7 +59,9 @@ def render_console(event_dict: Mapping[str, Any], colour: bool = False) -> str:
     """One event for a person: ``warning: what happened  key=value``, long values below it.
 
     uv's error tails are several lines; printed as a quoted repr on one line they would be
-    unreadable, so they go under the event, indented, as uv printed them.
+    unreadable, so they go under the event, indented, as uv printed them. A long value of one
+    line (a path) goes under it too, on its key's line: split from its key, ``venv:`` read as
+    an empty value. An empty list says nothing: ``in_use=""`` read as an empty name.
     """
     fields = dict(event_dict)
     level = str(fields.pop("level", "info"))
@@ -67,10 +69,14 @@ def render_console(event_dict: Mapping[str, Any], colour: bool = False) -> str:
     inline: list[str] = []
     below: list[str] = []
     for key, value in fields.items():
+        if isinstance(value, list | tuple | set | frozenset) and not value:
+            continue
         text = _text(value)
-        if "\n" in text or len(text) > _INLINE_MAX:
+        if "\n" in text:
             below.append(f"  {key}:")
             below += [f"    {line}" for line in text.splitlines()]
+        elif len(text) > _INLINE_MAX:
+            below.append(f"  {key}: {text}")
         else:
             inline.append(f"{key}={_quoted(text)}")
     head = _PREFIX.get(level, f"{level}: ") + event

@@ -81,12 +81,14 @@ def run(
     what: str = "",
     error: type[ProcessError] = ProcessError,
     stdin: IO[bytes] | None = None,
+    idle: float | None = None,
 ) -> Result:
     """Run ``cmd`` to completion and capture its output.
 
     ``check`` turns a non-zero exit (or a command that cannot start) into ``error``; ``what``
     is the one-line description of the step used at the top of that error's message. ``stdin``
-    is an open file for the child to read (by default it reads nothing).
+    is an open file for the child to read (by default it reads nothing). ``idle``: a child
+    silent on stdout and stderr for that many seconds is stopped as stalled (an error).
     """
     argv = tuple(str(c) for c in cmd)
     try:
@@ -97,17 +99,32 @@ def run(
     except OSError as e:
         _not_started(argv, e, what, error)
     with _stopped_if_raised(proc):
-        try:
-            stdout, stderr = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            _stop_tree(proc)
-            _, stderr = proc.communicate()
-            raise error(argv, -9, (stderr or "") + f"\ntimed out after {timeout} s",
-                        what) from None
+        stdout, stderr = _collect(proc, argv, timeout, idle, what, error)
     result = Result(proc.returncode, stdout, stderr)
     if check and proc.returncode != 0:
         raise error(argv, proc.returncode, stderr, what)
     return result
+
+
+def _collect(proc: subprocess.Popen[str], argv: tuple[str, ...], timeout: float | None,
+             idle: float | None, what: str, error: type[ProcessError]) -> tuple[str, str]:
+    """The child's stdout and stderr; running out of time (or, with ``idle``, a stall) stops
+    its tree and raises ``error``."""
+    if idle is not None:
+        from bootstrap.primitives.watchdog import read_watched
+
+        stdout, stderr, stopped = read_watched(proc, timeout, idle, lambda: _stop_tree(proc))
+    else:
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+            stopped = ""
+        except subprocess.TimeoutExpired:
+            _stop_tree(proc)
+            stdout, stderr = proc.communicate()
+            stopped = f"timed out after {timeout} s"
+    if stopped:
+        raise error(argv, -9, f"{stderr or ''}\n{stopped}", what)
+    return stdout, stderr
 
 
 def replace(python: Path, args: Sequence[str]) -> NoReturn:
@@ -203,8 +220,9 @@ def _popen(argv: Sequence[str], **options: Any) -> subprocess.Popen[Any]:
 
 
 @contextlib.contextmanager
-def inherited(fd: int) -> Iterator[None]:
-    """While the block runs, every child started inherits a duplicate of ``fd``.
+def inherited(fd: int) -> Iterator[int]:
+    """While the block runs, every child started inherits a duplicate of ``fd`` (its number is
+    what the block gets: the same in the child).
 
     ``lock.hold`` passes its lock's descriptor: the lock then lasts as long as the last process
     that could write under it. A duplicate, not ``fd`` itself: filelock owns its descriptor
@@ -213,7 +231,7 @@ def inherited(fd: int) -> Iterator[None]:
     dup = os.dup(fd)  # not inheritable: only children given it in pass_fds get it
     _inherited.append(dup)
     try:
-        yield
+        yield dup
     finally:
         _inherited.remove(dup)
         os.close(dup)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from bootstrap import fingerprint, warm_failures
+from bootstrap import fingerprint, warm, warm_failures
 from bootstrap.config import Config
 from bootstrap.env.identity import identity_of, runtime_inputs
 from bootstrap.env.marker import FailedRecord, is_text
@@ -35,10 +35,10 @@ from bootstrap.primitives import log
 from bootstrap.primitives.atomic import write_atomic
 from bootstrap.primitives.fs import read_state_file
 from bootstrap.skills.python_skill import PythonSkill, with_dependencies
-from bootstrap.warm import now
+from bootstrap.warm import believed, now
 
 FIRST_DELAY: Final = 60.0
-LONGEST_DELAY: Final = 3600.0
+LONGEST_DELAY: Final = warm.LONGEST_DELAY
 # More than any real count (the delay stops growing at 8); keeps a forged one printable.
 MAX_FAILURES: Final = 1_000_000
 RETRY_HINT: Final = warm_failures.RETRY_HINT
@@ -102,20 +102,19 @@ def from_record(record: Mapping[str, object]) -> Failure | None:
 def _retry_time(value: object) -> float:
     """A recorded retry time if it is one this clock could have written, else 0 (due).
 
-    No failure waits longer than :data:`LONGEST_DELAY` from when it was recorded, so a time
-    further ahead than that from now was written by a clock that was ahead (or by no clock of
-    ours), and its wait means nothing. It is due, not capped at now + the longest delay: read
-    again an hour later, that cap would be an hour later too, and would never come. Retried, a
-    failure is recorded again by this clock. Not a number, NaN or negative: due as well."""
+    Further ahead than the longest delay: due, by ``warm.believed``, the rule the warm path
+    applies to a fingerprint's ``until`` too (one rule: the warm path once held such a refusal
+    for 30 days while this path retried it). Retried, a failure is recorded again by this
+    clock. Not a number, NaN or negative: due as well."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return 0.0
     try:
         when = float(value)
     except OverflowError:  # an int beyond any float
         return 0.0
-    if math.isnan(when) or when < 0 or when > now() + LONGEST_DELAY:
+    if math.isnan(when) or when < 0:
         return 0.0
-    return when
+    return believed(when)
 
 
 # -- skills ------------------------------------------------------------------------------------

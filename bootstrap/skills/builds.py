@@ -233,6 +233,29 @@ def _item(skill: PythonSkill, workdir: Path, publish: Publish) -> dict[str, obje
             "entry": str(entry), "meta": dict(meta)}
 
 
+def out_of_tree(scratch: Path) -> dict[str, str]:
+    """What a uv call that may build skills with setuptools adds to its environment: their
+    ``*.egg-info`` go to ``scratch/egg-info``, never into a skill's directory.
+
+    A git skill's tree is read-only and hashed (bootstrap.sources.materialise): setuptools
+    creating ``src/NAME.egg-info`` there failed for any user but root ("could not create
+    '*.egg-info': Permission denied"), and as root it changed the tree, which the next check
+    then removed. ``DIST_EXTRA_CONFIG`` names a config file setuptools (65 and later) reads
+    after the project's own; its ``egg_base`` moves that directory. The editable still points
+    at the skill's own directory, and nothing of the build is kept (its metadata is in the
+    venv). A ``DIST_EXTRA_CONFIG`` of the user's own is left to win.
+    """
+    base = scratch / "egg-info"
+    if os.environ.get("DIST_EXTRA_CONFIG") or any(c in str(base) for c in "\r\n"):
+        return {}
+    base.mkdir()
+    config = scratch / "setuptools.cfg"
+    # configparser's interpolation: a % in the path must be doubled.
+    config.write_text(f"[egg_info]\negg_base = {str(base).replace('%', '%%')}\n",
+                      encoding="utf-8")
+    return {"DIST_EXTRA_CONFIG": str(config)}
+
+
 # -- after uv installed the wheels -------------------------------------------------------------
 
 def record_editables(venv: Path, built: Mapping[PythonSkill, Path]) -> None:

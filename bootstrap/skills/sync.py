@@ -117,7 +117,8 @@ class _Sync:
                 reqs = requirements_file(skills, scratch, wheels, cwd)
                 forced = [a for s in skills if s.name in self.reinstall
                           for a in ("--reinstall-package", s.project)]
-                self.uv.install(self.python, ["-r", str(reqs), *forced], what=what, cwd=cwd)
+                self.uv.install(self.python, ["-r", str(reqs), *forced], what=what, cwd=cwd,
+                                env=builds.out_of_tree(scratch))
             builds.record_editables(self.config.venv, {s: wheels[s.name] for s in group
                                                if s.name in wheels})
 
@@ -236,10 +237,9 @@ def sync_skills(config: Config, uv: Uv, runtime: RuntimeRecord,
                  {s.name: load_python_skill(s) for s in config.python_skills}, reinstall,
                  earlier=dict(marker["failed"]) if marker else {})
     recorded = marker["skills"] if marker else {}
-    _remove_unconfigured(sync, recorded)
-    # SKILL.md no agent can load (ensure has logged why): failed, and a Python one is not
-    # installed; neither stops the others.
+    # SKILL.md no agent can load (ensure has logged why): failed, not installed, stops nothing.
     sync.outcome.failed.update({s.name: s.spec.problem for s in config.skills if s.spec.errors})
+    _remove_unconfigured(sync, recorded)
     pending = [s for s in sync.skills.values() if s.name not in sync.outcome.failed
                and (s.name in reinstall or not _is_recorded(s, recorded))]
     if not retry:
@@ -285,15 +285,18 @@ def _is_recorded(skill: PythonSkill, recorded: dict[str, SkillRecord]) -> bool:
 
 
 def _remove_unconfigured(sync: _Sync, recorded: dict[str, SkillRecord]) -> None:
-    gone = sorted(n for n in recorded if n not in sync.skills)
-    if not gone:
+    """Uninstall the recorded skills no longer configured or valid (a failed skill is not
+    installed: one whose SKILL.md broke stayed importable), but what valid ones have or need."""
+    leaving = sorted(n for n in recorded if n not in sync.skills or n in sync.outcome.failed)
+    if not leaving:
         return
-    projects = sorted({recorded[n]["project"] for n in gone} - set(sync.by_project))
-    if projects:
-        log.info("uninstalling skills no longer configured", skills=gone)
+    kept = {p for s in sync.skills.values() if s.name not in sync.outcome.failed
+            for p in (s.project, *s.requires)}
+    if projects := sorted({recorded[n]["project"] for n in leaving} - kept - {""}):
+        log.info("uninstalling skills no longer configured or valid", skills=leaving)
         sync.uv.uninstall(sync.python, projects)
-    sync.record(SkillChanges(removed=set(gone)))
-    sync.outcome.removed = gone
+    sync.record(SkillChanges(removed=set(leaving)))
+    sync.outcome.removed = [n for n in leaving if n not in sync.skills]
 
 
 def _uninstall_renamed(sync: _Sync, recorded: dict[str, SkillRecord],

@@ -4,7 +4,9 @@ unused for 30 days (the build cache's rule, bootstrap.skills.buildcache).
 "Named" is read from every lock in :mod:`registry` (a lock file gone is forgotten; one that
 cannot be read stops this prune: what it names is unknown, so nothing is removed). "Used" is
 an mtime, as for the build cache: a tree's directory (set when it is placed), a repository's
-directory or its lock file (taken on every use), whichever is newest. A repository is removed
+directory or its lock file (taken on every use), whichever is newest. A tree that a venv's
+generation uses is never removed (``gc`` finds them: :func:`prune`'s ``in_use``), even when no
+lock names it any more (``lock --upgrade`` moved on, the venv not yet). A repository is removed
 under its own lock (skipped if busy); a tree by renaming it aside first, so that no reader
 ever sees half of one.
 """
@@ -14,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from bootstrap.errors import BootstrapError
@@ -22,18 +24,22 @@ from bootstrap.primitives import log
 from bootstrap.primitives.fs import owned_token, remove_quietly
 
 
-def prune(max_age_days: float, now: float | None = None) -> list[str]:
+def prune(max_age_days: float, now: float | None = None,
+          in_use: Iterable[str] = ()) -> list[str]:
     """Remove what is neither named nor used for ``max_age_days`` (``gc`` gives the build
-    cache's); what was done, for ``gc`` to report."""
-    from bootstrap.sources import fetch
+    cache's); what was done, for ``gc`` to report. ``in_use``: the directories the venvs'
+    generations use (their editables, their markers' skills): a tree among them is kept
+    whatever its age, named or not (after ``lock --upgrade`` only they name the old one)."""
+    from bootstrap.sources.paths import root as cache_root
 
-    root = fetch.root()
+    root = cache_root()
     if not os.path.isdir(root):
         return []
     named = _named()
     if named is None:
         return []
     repos, trees = named
+    trees |= _trees_in(in_use, root / "trees")
     cutoff = (time.time() if now is None else now) - max_age_days * 86400
     done = [f"removed cached git tree {p} (no skills lock names it, unused for "
             f"{max_age_days:g} days)" for p in _old(root / "trees", trees, cutoff, _tree_used)
@@ -65,6 +71,17 @@ def _named() -> tuple[set[str], set[str]] | None:
             repos.add(GitSource(0, locked.git).cache_key)
             trees.add(locked.sha256)
     return repos, trees
+
+
+def _trees_in(paths: Iterable[str], trees: Path) -> set[str]:
+    """The hashes of the trees (``trees/<sha256>/<name>``) that ``paths`` are in."""
+    top = os.path.realpath(trees)
+    out = set()
+    for path in paths:
+        rel = os.path.relpath(os.path.realpath(path), top)
+        if not rel.startswith(".."):
+            out.add(rel.split(os.sep, 1)[0])
+    return out
 
 
 def _old(directory: Path, keep: set[str], cutoff: float,

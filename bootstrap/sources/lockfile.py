@@ -60,6 +60,21 @@ def source_key(source: GitSource) -> tuple[str, str | None, str | None, str | No
     return (source.display_url, source.ref_kind, source.ref, source.subdirectory)
 
 
+def unclaimed(sources: tuple[GitSource, ...], entries: list[LockedSkill]) -> list[LockedSkill]:
+    """The entries no configured source matches exactly (a source removed, or edited)."""
+    keys = {source_key(s) for s in sources}
+    return [e for e in entries if e.source_key not in keys]
+
+
+def earlier(source: GitSource, unclaimed: list[LockedSkill]) -> list[LockedSkill]:
+    """Of ``unclaimed``, those ``source`` held before its entry was edited: the same URL (its
+    ref or subdirectory changed: a typo'd branch), or the same ref and subdirectory (its URL
+    changed: a typo'd host). Kept while ``source`` fails, so a typo never uninstalls."""
+    where = (source.ref_kind, source.ref, source.subdirectory)
+    return [e for e in unclaimed
+            if e.git == source.display_url or (e.ref_kind, e.ref, e.subdirectory) == where]
+
+
 def read(path: Path) -> list[LockedSkill]:
     """The entries of the lock at ``path``; [] if there is none."""
     try:

@@ -5,7 +5,10 @@ the locks it knows of: each ``lock``, ``ensure``, ``run`` and ``publish``/``push
 with git sources records its lock's path here, one small file per lock
 (``<user cache>/git/skills-locks/<sha256(path)[:32]>``, holding the path), so that two
 processes never rewrite one shared list. A lock file that no longer exists is forgotten by
-``gc``. The files are ours but read as untrusted (bounded, no symlink followed).
+``gc``. The venvs of those configs are recorded alike (``skills-venvs/``): between ``lock
+--upgrade`` and the next ``ensure`` no lock names the tree a venv's editable still uses, and
+gc keeps what any of their generations uses. The files are ours but read as untrusted
+(bounded, no symlink followed).
 """
 
 from __future__ import annotations
@@ -17,27 +20,33 @@ from pathlib import Path
 from typing import Final
 
 _DIR: Final = "skills-locks"
+# The venvs of configs with git sources: gc keeps every tree their generations' editables use.
+_VENVS: Final = "skills-venvs"
 _LIMIT: Final = 64 * 1024
 
 
-def directory() -> Path:
-    from bootstrap.sources.fetch import root
+def directory(kind: str = _DIR) -> Path:
+    from bootstrap.sources.paths import root
 
-    return root() / _DIR
+    return root() / kind
 
 
-def remember_for(sources: tuple[object, ...], lock: Path | None) -> None:
-    """:func:`remember` the skills lock of a config with git sources (the commands call it,
-    never the warm path)."""
+def remember_for(sources: tuple[object, ...], lock: Path | None,
+                 venv: Path | None = None) -> None:
+    """:func:`remember` the skills lock and the venv of a config with git sources (the
+    commands call it, never the warm path)."""
     if sources and lock is not None:
         remember(lock)
+    if sources and venv is not None:
+        remember(venv, _VENVS)
 
 
-def remember(lock: Path) -> None:
-    """Record ``lock`` (absolute); at most one stat when it is recorded already. Never fails
-    the caller: without the record, gc only keeps less (what is unused for 30 days)."""
-    text = os.path.abspath(lock)
-    entry = directory() / hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
+def remember(path: Path, kind: str = _DIR) -> None:
+    """Record ``path`` (absolute; a lock, or a venv); at most one stat when it is recorded
+    already. Never fails the caller: without the record, gc only keeps less (what is unused
+    for 30 days)."""
+    text = os.path.abspath(path)
+    entry = directory(kind) / hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
     if os.path.isfile(entry):
         return
     from bootstrap.places import make_dir
@@ -48,17 +57,17 @@ def remember(lock: Path) -> None:
         write_atomic(entry, text.encode("utf-8"), durable=False)
 
 
-def known() -> list[tuple[Path, Path]]:
-    """(registry entry, lock path) for each lock recorded."""
+def known(kind: str = _DIR) -> list[tuple[Path, Path]]:
+    """(registry entry, path) for each lock recorded (``kind``: or each venv)."""
     from bootstrap.primitives.fs import read_state_file
 
     out: list[tuple[Path, Path]] = []
     try:
-        names = sorted(os.listdir(directory()))
+        names = sorted(os.listdir(directory(kind)))
     except OSError:
         return out
     for name in names:
-        entry = directory() / name
+        entry = directory(kind) / name
         try:
             text = read_state_file(entry, _LIMIT).decode("utf-8")
         except (OSError, UnicodeDecodeError):
@@ -66,3 +75,8 @@ def known() -> list[tuple[Path, Path]]:
         if os.path.isabs(text) and "\0" not in text:
             out.append((entry, Path(text)))
     return out
+
+
+def known_venvs() -> list[tuple[Path, Path]]:
+    """(registry entry, venv path) for each venv of a config with git sources."""
+    return known(_VENVS)

@@ -21,8 +21,7 @@ def resolve(source: GitSource, *, offline: bool) -> str:
         raise NotCached(f"{source.describe}: not in the skills lock, and offline: it cannot be "
                         "resolved (run `kernel-bootstrap lock` with a network)")
     wanted = _wanted(source)
-    out = git.run(["ls-remote", source.url, *wanted], url=source.url,
-                  allow_file=source.scheme == "file",
+    out = git.run(["ls-remote", source.git_url, *wanted], source=source,
                   what=f"cannot resolve {source.describe}").stdout
     refs: dict[str, str] = {}
     for line in out.splitlines():

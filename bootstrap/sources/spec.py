@@ -8,7 +8,8 @@ talks to a descriptor), an option-like URL, a ``rev`` that is not a full commit 
 one can only be expanded by fetching the whole history), or a subdirectory that climbs out.
 
 :attr:`GitSource.display_url` is the URL with any ``user:password@`` removed: the only form
-that reaches the lock file, a log line, an error message or ``status``.
+that reaches the lock file, a log line, an error message or ``status``; :attr:`GitSource.git_url`
+the one git is given (credentials travel apart: :mod:`bootstrap.sources.transport`).
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ from __future__ import annotations
 import hashlib
 import posixpath
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
+from urllib.parse import unquote
 
-from bootstrap.config_file import short, source_name
+from bootstrap.config_file import Reader, short, source_name
 from bootstrap.errors import ConfigError
 
 KEYS: Final = ("git", "branch", "tag", "rev", "subdirectory")
@@ -34,6 +36,8 @@ _FULL_REV: Final = re.compile(r"^[0-9a-f]{40}$")
 # A branch or tag name git would accept (git check-ref-format's rules, the ones that matter to
 # us: nothing option-like, no "..", no control characters, no refspec or glob characters).
 _BAD_REF: Final = re.compile(r"(^-|\.\.|[\x00-\x20\x7f~^:?*\[\\]|@\{|^/|/$|\.lock$|^@$)")
+# How long git may wait for a server that sends nothing (`git-timeout`, seconds).
+TIMEOUT: Final = 15.0
 
 
 @dataclass(frozen=True)
@@ -45,10 +49,33 @@ class GitSource:
     ref_kind: str | None = None  # "branch", "tag" or "rev"
     ref: str | None = None
     subdirectory: str | None = None
+    # The config's `git-timeout` and `git-safe-directories` (file:// repositories of another
+    # user that git may read): how git reaches it, not what it is.
+    timeout: float = field(default=TIMEOUT, compare=False)
+    safe_directories: tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def display_url(self) -> str:
         return display_url(self.url)
+
+    @property
+    def git_url(self) -> str:
+        """The URL git is given, on its command line and in the cache repository's config:
+        without credentials, but an ssh URL keeps its user name (ssh needs it; no secret)."""
+        found = _CREDENTIALS.search(self.url)
+        if found is None or self.scheme != "ssh":
+            return self.display_url
+        user = found.group(0)[:-1].partition(":")[0]
+        return self.display_url.replace("://", f"://{user}@" if user else "://", 1)
+
+    @property
+    def credentials(self) -> tuple[str, str | None] | None:
+        """An https URL's user and password (percent-decoded, as git would), None without."""
+        found = _CREDENTIALS.search(self.url)
+        if found is None or self.scheme != "https":
+            return None
+        user, colon, password = found.group(0)[:-1].partition(":")
+        return unquote(user), unquote(password) if colon else None
 
     @property
     def scheme(self) -> str:
@@ -122,6 +149,29 @@ def parse(index: int, entry: dict[str, Any], file: Path) -> GitSource:
         _check_ref(kind, ref or "", where)
     sub = entry.get("subdirectory")
     return GitSource(index, url, kind, ref, _check_subdirectory(sub, where) if sub else None)
+
+
+def with_transport(reader: Reader, sources: tuple[GitSource, ...]) -> tuple[GitSource, ...]:
+    """``sources`` given the config's ``git-timeout`` (seconds > 0 a server may send nothing
+    before its source counts as unreachable) and ``git-safe-directories`` (absolute paths of
+    file:// repositories of another user that git may read), checked; no source is needed."""
+    given: dict[str, Any] = {}
+    if "git-timeout" in reader.data:
+        value = reader.data["git-timeout"]
+        # bool is an int to Python, and NaN compares false both ways: neither is a duration.
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or not 0 < value < float("inf"):
+            raise reader.bad("git-timeout", "a number of seconds greater than 0")
+        given["timeout"] = float(value)
+    safe = reader.strings("git-safe-directories")
+    for index, path in enumerate(safe):
+        if not path.startswith("/"):
+            raise ConfigError(f"{source_name(reader.file)}: git-safe-directories[{index}]: not "
+                              "an absolute path (a file:// repository's directory, as in its "
+                              f"URL): {short(path)}")
+    if safe:
+        given["safe_directories"] = tuple(posixpath.normpath(p) for p in safe)
+    return tuple(replace(s, **given) for s in sources)
 
 
 def _check_url(url: str, where: str) -> None:

@@ -4,11 +4,13 @@ A tree is read into records (path, kind, mode, size, and the sha256 of a file's 
 which both tree hashes come through the one definition of the record stream
 (:func:`bootstrap.trees.skilltree.hash_fields`): the skills lock's (modes as git keeps them,
 :func:`bootstrap.sources.treehash.git_mode`) and publish's. A plain tree (directories and
-regular files with ASCII names, as skills are) is walked with ``os.scandir`` on strings, five
-times cheaper than publish's walk; anything else (a link, a special file, a non-ASCII name) goes
-through publish's walk, which refuses what publish refuses with its words. One thread: threads
-only fight over the GIL here (measured twice as slow). 100 trees of 25 files (7 MB): ~70 ms on
-the 2-core benchmark VM, most of it the open/fstat/read of each file (scripts/bench_sources.py).
+regular files with ASCII names, as skills are) is walked with one ``os.scandir`` of each
+directory, each file opened relative to its directory's descriptor (:func:`treehash.read`),
+five times cheaper than publish's walk; anything else (a link, a special file, a non-ASCII
+name) goes through publish's walk, which refuses what publish refuses with its words. One
+thread: threads only fight over the GIL here (measured twice as slow). 100 trees of 25 files
+(7 MB): 35-41 ms on the 2-core benchmark VM (scripts/bench_sources.py), of which opening,
+reading and hashing the 2,500 files alone take ~21 ms.
 
 What a tree's records are compared with when its hash does not match, to name the files:
 
@@ -21,15 +23,24 @@ What a tree's records are compared with when its hash does not match, to name th
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
+import stat
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from bootstrap.errors import BootstrapError, SkillError
 from bootstrap.sources.lockfile import LockedSkill
-from bootstrap.sources.treehash import Listing, git_hash, publish_hash, read
+from bootstrap.sources.treehash import (
+    Listing,
+    git_hash,
+    matching,
+    publish_hash,
+    read,
+    without_bytecode,
+)
 
 
 @dataclass(frozen=True)
@@ -99,7 +110,7 @@ def check_git(entries: Sequence[LockedSkill], repo_of: Callable[[LockedSkill], P
               ) -> tuple[int, list[Problem]]:
     """Every locked skill's materialised tree against the lock's sha256; ``repo_of``: the
     cached repository of an entry's source (None: none), to name the files of a mismatch."""
-    from bootstrap.sources.materialise import trees_root
+    from bootstrap.sources.paths import trees_root
 
     root = str(trees_root())  # not tree_path() each time: pathlib is most of a stat's cost
     trees = [(e, Path(f"{root}/{e.sha256}/{e.name}")) for e in entries]
@@ -110,9 +121,39 @@ def check_git(entries: Sequence[LockedSkill], repo_of: Callable[[LockedSkill], P
     for (entry, path), got in zip(present, read_all([p for _, p in present]), strict=True):
         if not isinstance(got, Listing):
             problems.append(Problem("git", entry.name, str(path), _say(got)))
-        elif git_hash(got) != entry.sha256:
-            problems.append(_git_diff(entry, path, got, repo_of(entry)))
+            continue
+        bare = without_bytecode(got)  # what Python writes as root: no part of the tree
+        loose = _not_sealed(path, bare)
+        if matching(got, entry.sha256) is None:
+            problem = _git_diff(entry, path, bare, repo_of(entry))
+            problems.append(dataclasses.replace(problem, detail=f"{problem.detail}; {loose}")
+                            if loose else problem)
+        elif loose:
+            problems.append(Problem("git", entry.name, str(path), loose))
     return len(trees), problems
+
+
+def unsealed(path: Path, got: Listing) -> tuple[list[str], int | None]:
+    """The entries of the tree at ``path`` (``got``: as just read) that are not as read-only
+    as every tree is made (directories 0555, files 0444, or 0555 if executable; "." the
+    root), and the root's owner if it is not this user. One more stat, of the root."""
+    loose = [rel for rel, kind, mode, _, _ in got.records if kind != "symlink"
+             and mode != (0o555 if kind == "dir" or mode & 0o100 else 0o444)]
+    st = os.lstat(path)
+    if stat.S_IMODE(st.st_mode) != 0o555:
+        loose.insert(0, ".")
+    return loose, None if st.st_uid == os.geteuid() else st.st_uid
+
+
+def _not_sealed(path: Path, got: Listing) -> str | None:
+    """Why the tree at ``path`` is not sealed (:func:`unsealed`), or None."""
+    loose, owner = unsealed(path, got)
+    whose = "" if owner is None else f"owned by uid {owner}, not this user; "
+    if not loose and not whose:
+        return None
+    some = ", ".join(loose[:5]) + (f" and {len(loose) - 5} more" if len(loose) > 5 else "")
+    modes = f"not read-only: {some}; " if loose else ""
+    return f"{whose}{modes}`kernel-bootstrap ensure` makes it read-only again or makes it anew"
 
 
 def _git_diff(entry: LockedSkill, path: Path, got: Listing, repo: Path | None) -> Problem:
@@ -122,16 +163,22 @@ def _git_diff(entry: LockedSkill, path: Path, got: Listing, repo: Path | None) -
     if repo is None or not os.path.isdir(repo):
         return Problem("git", entry.name, str(path), detail + "; its repository is not in "
                        "the cache to name the files")
-    from bootstrap.sources import git
-
     try:
-        text = git.run(["ls-tree", "-r", "-z", "--full-tree", entry.commit, "--",
-                        entry.path or "."], repo=repo, offline=True,
-                       what="cannot list a cached commit").stdout
+        changed, missing, extra = git_changes(repo, entry.commit, entry.path, got)
     except (BootstrapError, OSError) as e:
         return Problem("git", entry.name, str(path), f"{detail}; {_say(e)}")
-    changed, missing, extra = diff(parse_ls_tree(text, entry.path), git_listing(got))
     return Problem("git", entry.name, str(path), detail, changed, missing, extra)
+
+
+def git_changes(repo: Path, commit: str, path: str, got: Listing
+                ) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """(changed, missing, extra) files of ``got`` against ``path`` of ``commit`` in the cached
+    repository ``repo`` (offline: BootstrapError when git cannot list it)."""
+    from bootstrap.sources import git
+
+    text = git.run(["ls-tree", "-r", "-z", "--full-tree", commit, "--", path or "."],
+                   repo=repo, offline=True, what="cannot list a cached commit").stdout
+    return diff(parse_ls_tree(text, path), git_listing(got))
 
 
 def check_published(root: Path, local: Mapping[str, Path],

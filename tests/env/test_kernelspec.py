@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from bootstrap import warm
 from bootstrap.config import config_from_dict
 from bootstrap.env import kernelspec
 from bootstrap.errors import ConfigError
@@ -276,3 +277,31 @@ def test_a_kill_between_the_renames_is_recovered_by_the_next_install(
 
 def _fails(*_: object, **__: object) -> None:
     raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_default_venv_is_written_into_the_spec_so_another_home_starts_the_same_one(
+        world: World, tmp_path: Path) -> None:
+    # A config naming no venv gets one under the user data dir: a launcher with another
+    # XDG_DATA_HOME silently built a second venv there, while the metadata named the first.
+    world.write_config(venv=None, requirements=["ipykernel>=6"])
+    installed_with = tmp_path / "data-a"
+    out = install(world, "--prefix", str(tmp_path / "prefix"),
+                  env={"XDG_DATA_HOME": str(installed_with)})
+    spec = spec_at(Path(out["path"]))
+    venv = spec["metadata"]["kernel_bootstrap"]["venv"]
+    assert venv.startswith(str(installed_with))
+    world.clear_log()
+    # The launcher: another HOME, no XDG_* (its cache holds no warm fingerprint either).
+    launcher = tmp_path / "home-b"
+    env = {k: v for k, v in world.env.items() if not k.startswith("XDG_")}
+    env.update(HOME=str(launcher), **spec.get("env", {}))
+    argv = [*spec["argv"][:spec["argv"].index("--") + 1], "-c", "import sys; print(sys.prefix)"]
+    started = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120,
+                             check=False)
+    assert started.returncode == 0, started.stderr
+    assert world.venv_calls() == [], "a second venv was built"
+    assert started.stdout == f"{os.path.realpath(venv)}\n"
+    assert spec["env"]["KERNEL_BOOTSTRAP_VENV"] == venv
+    with pytest.MonkeyPatch.context() as patch:  # a launcher sharing the install's HOME
+        patch.setenv("KERNEL_BOOTSTRAP_VENV", venv)
+        assert warm.holds(str(world.config)) is not None, "its first start is warm"

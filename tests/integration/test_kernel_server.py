@@ -396,3 +396,19 @@ def test_a_server_exits_after_its_idle_timeout(kernel_world: RealWorld) -> None:
     wait_for(lambda: not alive(server), timeout=60)
     assert describe(kernel_world) is None
     assert "stopping: no request for 3 s" in server_log(kernel_world)
+
+
+def test_the_server_log_holds_no_debugpy_warning_and_kernels_are_as_before(
+        kernel_world: RealWorld) -> None:
+    # debugpy's "frozen modules" lines, printed at the preload's import, filled the log at
+    # every server start, about no kernel.
+    server = first_start(kernel_world)
+    assert "frozen modules" not in server_log(kernel_world)
+    with kernels.running(SPEC) as kernel:
+        served(kernel, server)
+        _, printed = kernels.execute(kernel, textwrap.dedent("""\
+            import os, sys
+            constants = sys.modules.get("_pydevd_bundle.pydevd_constants")
+            print(getattr(constants, "DISABLE_FILE_VALIDATION", None),
+                  os.environ.get("PYDEVD_DISABLE_FILE_VALIDATION"))"""))
+    assert printed == "False None\n", "a served kernel's pydevd is a bare start's"

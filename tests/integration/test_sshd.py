@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import os
 import shlex
-import shutil
-import socket
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from testing import sshd
 from testing.counting import Counted
 from testing.skills import make_skill
 from tests.trees.test_push import (
@@ -26,64 +23,12 @@ from tests.trees.test_push import (
 )
 from tests.trees.test_pushrecord import skills, tree_of
 
-SSHD = Path("/usr/sbin/sshd")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def sshd_config(tmp: Path, port: int, client_key: Path) -> Path:
-    config = tmp / "sshd_config"
-    config.write_text("\n".join([
-        "ListenAddress 127.0.0.1", f"Port {port}", f"HostKey {tmp / 'host_key'}",
-        f"AuthorizedKeysFile {client_key}.pub", f"PidFile {tmp / 'sshd.pid'}",
-        "PermitRootLogin prohibit-password", "PasswordAuthentication no", "UsePAM no",
-        "StrictModes no", "MaxStartups 20", "",
-    ]))
-    return config
-
-
-def wait_for_login(prefix: list[str], proc: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.skip(f"sshd exited with {proc.returncode}: {log.read_text()[-500:]}")
-        if subprocess.run([*prefix, "true"], capture_output=True, check=False).returncode == 0:
-            return
-        time.sleep(0.2)
-    pytest.skip(f"could not log in to the test sshd: {log.read_text()[-500:]}")
-
 
 @pytest.fixture(scope="module")
 def ssh_prefix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """An exec prefix logging in to a throwaway sshd as root; the sshd is stopped by its pid."""
-    if not SSHD.exists() or shutil.which("ssh") is None or shutil.which("ssh-keygen") is None:
-        pytest.skip("openssh-server is not installed (apt-get install -y openssh-server)")
-    if os.geteuid() != 0:
-        pytest.skip("the test sshd logs in as root, which needs root")
-    tmp = tmp_path_factory.mktemp("sshd")
-    for key in ("host_key", "client_key"):
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp / key)],
-                       check=True)
-    Path("/run/sshd").mkdir(parents=True, exist_ok=True)  # sshd's privilege separation dir
-    port = free_port()
-    log = tmp / "sshd.log"
-    proc = subprocess.Popen([str(SSHD), "-D", "-f", str(sshd_config(tmp, port, tmp / "client_key")),
-                             "-E", str(log)])
-    prefix = ["ssh", "-T", "-F", "/dev/null", "-p", str(port), "-i", str(tmp / "client_key"),
-              "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
-              "-o", "GlobalKnownHostsFile=/dev/null", "-o", "BatchMode=yes",
-              "-o", "LogLevel=ERROR", "root@127.0.0.1"]
-    try:
-        wait_for_login(prefix, proc, log)
-        yield shlex.join(prefix)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    with sshd.running(tmp_path_factory.mktemp("sshd")) as server:
+        yield shlex.join(server.login())
 
 
 def test_push_over_ssh_into_a_dest_with_spaces_quotes_and_command_substitution(

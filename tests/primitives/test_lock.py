@@ -91,7 +91,7 @@ def test_status_reports_the_holder_at_once_without_waiting(
     status = world.status()
     assert status["lock"] == {"held": True, "pid": holder.pid}
     text = world.run("status").stdout
-    assert f"held by pid {holder.pid}" in text
+    assert f"busy:    yes, pid {holder.pid} holds the venv's lock" in text
 
 
 def test_a_killed_holder_releases_the_lock_at_once(

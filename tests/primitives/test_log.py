@@ -131,6 +131,24 @@ def test_console_lines_put_a_multi_line_value_under_the_event() -> None:
               boom""")
 
 
+def test_console_lines_leave_out_empty_lists_and_keep_a_long_value_beside_its_key() -> None:
+    # Not a terminal: `in_use=""` (nothing), and `venv:` alone on a line with its path below.
+    path = "/tmp/" + "x" * 70
+    line = log.render_console({"event": "old generations", "level": "info", "venv": path,
+                               "removed": [f"{path}.gen-1"], "in_use": []})
+    assert line == f"old generations\n  venv: {path}\n  removed: {path}.gen-1"
+
+
+def test_a_rebuild_logs_the_generations_it_removed_without_empty_fields(world: World) -> None:
+    world.ensure()
+    world.write_config(requirements=["requests>=2", "six"])
+    lines = world.ensure().stderr.splitlines()  # a pipe: no terminal
+    event = next(i for i, x in enumerate(lines) if x.startswith("old generations"))
+    assert 'in_use=""' not in lines[event] and 'removed=""' not in lines[event]
+    assert f"venv={world.venv}" in lines[event] or f"  venv: {world.venv}" in lines[event:]
+    assert [x for x in lines if x.strip() in ("venv:", "removed:")] == []
+
+
 def test_console_lines_quote_values_with_spaces_and_join_lists() -> None:
     line = log.render_console({"event": "installing skills", "level": "info", "count": 2,
                                "skills": ["a", "b"], "name": "Python (x)"})

@@ -13,6 +13,7 @@ import pytest
 
 from bootstrap.errors import BootstrapError, ProcessError
 from bootstrap.primitives import process
+from testing import processes
 
 
 def test_streaming_hands_the_child_everything_written(tmp_path: Path) -> None:
@@ -133,3 +134,33 @@ def test_children_inherit_a_descriptor_only_while_it_is_inherited(tmp_path: Path
     finally:
         os.close(fd)
     assert str(path) in inside and str(path) not in outside
+
+
+def test_a_silent_child_is_stopped_as_stalled_with_what_it_started() -> None:
+    # The subshell says its pid, then nothing: a server that accepted and never answers.
+    script = "(echo $BASHPID $$ >&2; exec sleep 60) & sleep 1; echo said >&2; wait"
+    with pytest.raises(ProcessError) as failed:
+        process.run("bash", "-c", script, idle=2.0, what="fetch")
+    error = failed.value
+    assert error.returncode == -9 and "no output for 2 s: stopped as stalled" in error.stderr
+    assert "said" in error.stderr  # the silence counted from its last word, not from its start
+    grandchild, child = map(int, error.stderr.split()[:2])
+    assert not any(processes.alive(pid) for pid in (grandchild, child))
+
+
+def test_a_child_that_keeps_talking_outlives_the_idle_limit() -> None:
+    script = "for i in $(seq 12); do echo $i >&2; sleep 0.1; done; echo done"
+    result = process.run("sh", "-c", script, idle=0.5)
+    assert result.stdout == "done\n" and result.stderr.split() == [str(i) for i in range(1, 13)]
+
+
+def test_the_inherited_descriptors_number_is_the_childs() -> None:
+    read, write = os.pipe()
+    os.write(write, b"from memory\n")
+    os.close(write)
+    try:
+        with process.inherited(read) as fd:
+            out = process.run("sh", "-c", f"cat /dev/fd/{fd}").stdout
+    finally:
+        os.close(read)
+    assert out == "from memory\n"

@@ -171,3 +171,46 @@ def test_any_record_is_a_failure_that_prints_or_none(error: object, failures: ob
         assert 0 <= failure.retry_at <= warm.now() + backoff.LONGEST_DELAY
         json.dumps(failure.as_json())
         backoff.backed_off_message(failure).encode()
+
+
+def _fingerprint_holds(world: World, env: dict[str, str]) -> bool:
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in env.items():
+            mp.setenv(name, value)
+        return warm.holds(str(world.config)) is not None
+
+
+def test_a_warm_refusal_recorded_by_a_clock_30_days_ahead_is_retried_at_the_next_start(
+        world: World) -> None:
+    ahead = 30 * DAY
+    world.ensure(env=at(ahead))
+    world.write_config(requirements=["requests"])
+    for _ in range(3):  # two failures, then a refusal inside the window, which the warm path keeps
+        assert world.run("ensure", env=at(ahead, FAKE_UV_FAIL="requests")).returncode == 1
+    assert _fingerprint_holds(world, at(ahead)), "the refusal is answered warm"
+    world.clear_log()
+    # The clock came back 30 days: the warm path decides as the full path does (due), not
+    # "not retrying before <30 days later>" with no uv run.
+    out = json.loads(world.ensure("--json", env=at(61 * 60)).stdout)
+    assert out["action"] == "rebuild" and world.venv_calls() != []
+    assert world.imports("requests")
+
+
+def test_a_warm_skill_failure_recorded_by_a_clock_30_days_ahead_is_retried_at_the_next_start(
+        world: World) -> None:
+    ahead = 30 * DAY
+    for _ in range(3):  # the third start finds beta backing off and saves that
+        world.ensure(env=at(ahead, FAKE_UV_FAIL="beta"))
+    assert _fingerprint_holds(world, at(ahead)), "the backoff is answered warm"
+    world.clear_log()
+    out = json.loads(world.ensure("--json", env=at(1)).stdout)
+    assert [c.editables for c in world.installs()] == [["beta"]]
+    assert out["failed"] == [] and world.imports("beta")
+
+
+def test_the_warm_path_and_backoff_read_a_retry_time_by_one_rule() -> None:
+    for offset in (-1.0, 0.0, 1.0, backoff.LONGEST_DELAY - 1, backoff.LONGEST_DELAY + 1, 30 * DAY):
+        when = warm.now() + offset
+        recorded = backoff.from_record({"error": "x", "retry_at": when})
+        assert recorded is not None
+        assert recorded.retry_at == warm.believed(when)

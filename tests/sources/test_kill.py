@@ -29,6 +29,8 @@ def _trees_are_whole(world: World) -> int:
     for tree in trees.glob("*/*") if trees.is_dir() else []:
         if tree.parent.name.startswith(".tmp"):
             continue  # a side directory: never used, reaped once its writer is gone
+        if tree.name.startswith("."):
+            continue  # the tree's record (bootstrap.sources.treerecord), beside it
         assert tree_sha256(tree) == tree.parent.name, f"a half tree in place: {tree}"
         count += 1
     return count

@@ -176,7 +176,7 @@ def test_a_symlink_out_of_the_skill_is_refused_as_publish_refuses_it(
     git_config(world, source(served.url("skills"), subdirectory="skills/evil"))
     data = _ensure_json(world, "--strict", code=3)
     [failure] = data["failed"]
-    assert failure["name"] == "skills[0]"
+    assert failure["name"] == "evil"  # the skill, not the source: it fails alone
     assert "symlink '../../../etc/passwd' points outside the skill directory" in failure["error"]
     assert not list((cache_root(world) / "trees").glob("*/evil"))
 

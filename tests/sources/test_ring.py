@@ -84,6 +84,7 @@ def test_gc_prunes_cached_repositories_and_trees_no_lock_names_once_unused_for_3
     repo.write("skills/pdf/NEW.txt", "moved on\n")
     repo.commit("second")
     assert world.run("lock", "--upgrade", env=dict(os.environ)).returncode == 0
+    world.ensure()  # the venv moves on too: until then it uses the first tree, which gc keeps
     elsewhere = World(tmp_path / "elsewhere")
     git_config(elsewhere, source(served.url("other"), subdirectory="skills/xlsx"))
     elsewhere.ensure()
