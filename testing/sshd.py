@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -15,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from testing.s3server import free_port  # the one free-port probe of the test kit
 
 SSHD = Path("/usr/sbin/sshd")
 
@@ -33,13 +34,6 @@ class Sshd:
     def login(self) -> list[str]:
         """An ssh command line that runs its arguments on it as root."""
         return ["ssh", "-T", *self.options(), "-p", str(self.port), "root@127.0.0.1"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @contextlib.contextmanager

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,8 @@ _LIMIT: Final = 64 * 1024 * 1024  # ~150 bytes an entry: far more entries than a
 
 # The records read or written by this process, by tree, with the stamp of their file then.
 _KNOWN: dict[str, tuple[str, TreeRecord]] = {}
+_HELD: dict[str, tuple[TreeRecord, float]] = {}  # vouched by the config's load (holds)
+_VOUCHED = 5.0  # seconds a vouch stands: a config's load and its prepare, not a later call
 Origin = tuple[str, str, str]  # the cache repository's key, the commit, the path inside it
 Entry = tuple[str, str, int, str]  # rel ("" the root), kind, git mode, content (hex or target)
 
@@ -92,12 +95,22 @@ def read(tree: Path) -> TreeRecord | None:
     return record
 
 
-def holds(record: TreeRecord, tree: Path) -> bool:
-    """Whether every entry of ``tree`` still has its recorded stamp."""
-    return bool(record.entries) and all(
+def holds(record: TreeRecord, tree: Path, *, vouch: bool = False) -> bool:
+    """Whether every entry of ``tree`` still has its recorded stamp. ``vouch``: the caller is
+    the config's load, and the ``prepare`` that follows it in the same operation may take its
+    answer once instead of a second stat of every entry of every tree, which was most of what a
+    new venv with git skills paid over local ones. Only once, and within :data:`_VOUCHED`
+    seconds: a long-lived process that calls ``ensure`` again looks again."""
+    vouched = _HELD.pop(str(tree), None)
+    if vouched is not None and vouched[0] is record and time.monotonic() - vouched[1] < _VOUCHED:
+        return True
+    held = bool(record.entries) and all(
         stamp(path) == recorded
         for path, recorded in zip(entry_paths(tree, record.entries), record.stamps,
                                   strict=True))
+    if held and vouch:
+        _HELD[str(tree)] = (record, time.monotonic())
+    return held
 
 
 def write(tree: Path, sha256: str, entries: list[Entry], origins: Iterable[Origin]
