@@ -219,10 +219,30 @@ def execute(kernel: Started, code: str, timeout: float = 60.0) -> tuple[dict[str
         if msg["msg_type"] == "stream":
             printed.append(msg["content"]["text"])
     try:
+        _subscribed(client, timeout)
         reply = client.execute_interactive(code, timeout=timeout, output_hook=output)
     finally:
         client.stop_channels()
     return reply["content"], "".join(printed)
+
+
+def _subscribed(client: BlockingKernelClient, timeout: float) -> None:
+    """Until the client's IOPub subscription is live: a zmq SUB socket joins late, and what the
+    kernel publishes before (a cell's output) is lost, while the cell's later "idle" arrives; a
+    loaded machine widened that window until a test read no output (an empty report). Proof:
+    the kernel's status message for a request of ours arrives on IOPub."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        msg_id = client.kernel_info()
+        until = time.monotonic() + 0.5
+        while time.monotonic() < until:
+            try:
+                msg = client.get_iopub_msg(timeout=0.1)
+            except queue.Empty:
+                continue
+            if msg["parent_header"].get("msg_id") == msg_id:
+                return
+    raise TimeoutError(f"no IOPub message from the kernel in {timeout} s")
 
 
 # --- many at once ----------------------------------------------------------------------------
