@@ -209,8 +209,9 @@ class Server:
         if request is None or len(pending.fds) != protocol.N_FDS:
             self._answer(pending, {"error": "malformed request"})
             return
-        if message.get("generation") != self.served.generation and self.key.stale():
-            self.stop = self.key.stale()  # a rebuild: the client starts the next server
+        stale = self.key.stale() if message.get("generation") != self.served.generation else None
+        if stale is not None:
+            self.stop = stale  # a rebuild: the client starts the next server
             self._answer(pending, {"stale": True})
             return
         reason, context = admission.refusal(self.served, message, request[2], request[1],

@@ -26,6 +26,14 @@ pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the kernel serv
 kernel_world = test_kernel_server.kernel_world  # the fixture: pytest finds it in this module
 
 
+def _start_with_stderr(tmp_path: Path) -> tuple[kernels.Started, Path]:
+    """A kernel of the kernelspec, its stand-in's stderr kept in a file (to look for a
+    traceback once it has ended)."""
+    stderr = tmp_path / "stand-in.err"
+    with stderr.open("wb") as err:
+        return kernels.start(SPEC, stderr=err), stderr
+
+
 def _killed(kernel: kernels.Started, pid: int, signum: int) -> int:
     """Kill the served kernel ``pid`` by ``signum``; what jupyter_client's Popen then sees."""
     process = kernel.manager.provisioner.process  # type: ignore[union-attr]
@@ -37,9 +45,7 @@ def _killed(kernel: kernels.Started, pid: int, signum: int) -> int:
 def test_sigkill_of_a_served_kernel_kills_its_stand_in_by_sigkill_without_a_traceback(
         kernel_world: RealWorld, tmp_path: Path) -> None:
     server = first_start(kernel_world)
-    stderr = tmp_path / "stand-in.err"
-    with stderr.open("wb") as err:
-        kernel = kernels.start(SPEC, stderr=err)
+    kernel, stderr = _start_with_stderr(tmp_path)
     try:
         pid = served(kernel, server)["pid"]
         # The OOM killer's way: as a bare kernel, -9 to its launcher (not exit 1).
@@ -56,9 +62,7 @@ def test_a_served_kernel_keeps_its_server_past_the_idle_timeout_and_its_status_a
     text = kernel_world.config.read_text(encoding="utf-8")
     kernel_world.config.write_text(text + f"kernel-idle-timeout = {idle}\n", encoding="utf-8")
     server = first_start(kernel_world)
-    stderr = tmp_path / "stand-in.err"
-    with stderr.open("wb") as err:
-        kernel = kernels.start(SPEC, stderr=err)
+    kernel, stderr = _start_with_stderr(tmp_path)
     try:
         pid = served(kernel, server)["pid"]
         time.sleep(idle + 2)  # an idle timeout that counted with a kernel running has passed
@@ -90,9 +94,7 @@ def test_a_stopped_server_retires_until_its_kernel_ends_and_sends_its_status(
 def test_with_its_server_killed_outright_a_stand_in_guesses_sigkill_without_a_traceback(
         kernel_world: RealWorld, tmp_path: Path) -> None:
     server = first_start(kernel_world)
-    stderr = tmp_path / "stand-in.err"
-    with stderr.open("wb") as err:
-        kernel = kernels.start(SPEC, stderr=err)
+    kernel, stderr = _start_with_stderr(tmp_path)
     try:
         pid = served(kernel, server)["pid"]
         os.kill(server, signal.SIGKILL)
