@@ -50,8 +50,11 @@ def builds(real: RealWorld) -> Counter[str]:
 
 
 def cache_entries(real: RealWorld) -> list[Path]:
+    """The published entries: a hidden staging directory holds an ``entry.json`` for the
+    moment before its rename, and a session killed then has not kept that build."""
     root = Path(real.env["XDG_CACHE_HOME"]) / "kernel-bootstrap" / "builds"
-    return sorted(p for p in root.iterdir() if (p / "entry.json").is_file())
+    return sorted(p for p in root.iterdir()
+                  if not p.name.startswith(".") and (p / "entry.json").is_file())
 
 
 def new_venv(real: RealWorld, name: str, *args: str) -> dict[str, Any]:
