@@ -287,8 +287,13 @@ def _kernelspec(p: argparse.ArgumentParser, parser_class: type[argparse.Argument
                        help="the user's Jupyter data dir (the default)")
     where.add_argument("--prefix", type=_prefix, default=None,
                        help="PREFIX/share/jupyter/kernels, e.g. $CONDA_PREFIX (default: --user)")
-    k.add_argument("--direct", action="store_true",
-                   help="start the venv's interpreter itself: no readiness check at kernel start")
+    how = k.add_mutually_exclusive_group()
+    how.add_argument("--direct", action="store_true",
+                     help="start the venv's interpreter itself: no readiness check at kernel start")
+    how.add_argument("--provisioner", action="store_true",
+                     help="Jupyter gets kernels from the kernel server through kernel-bootstrap's "
+                          "jupyter_client provisioner (installed in Jupyter's environment), "
+                          "`kernel-bootstrap run` where it cannot")
     _json(k)
 
 

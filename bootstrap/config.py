@@ -38,12 +38,14 @@ if TYPE_CHECKING:
 _KEYS: Final = frozenset(
     {"venv", "python", "requirements", "constraints", "uv-args", "skills", "ready-check",
      "snapshots", "lock", "offline", "skills-lock", "kernel-server", "kernel-preload",
-     "kernel-idle-timeout", "kernel-preload-timeout", "git-timeout", "git-safe-directories"}
+     "kernel-idle-timeout", "kernel-preload-timeout", "kernel-spares", "git-timeout",
+     "git-safe-directories", "compile-bytecode"}
 )
 # Environment variables that mean `offline = true` (uv's own among them).
 OFFLINE_ENV: Final = ("KERNEL_BOOTSTRAP_OFFLINE", "UV_OFFLINE")
 # 0 turns the kernel server off, 1 on, whatever the config says (bootstrap.kernels.enabled).
 KERNEL_SERVER_ENV: Final = "KERNEL_BOOTSTRAP_KERNEL_SERVER"
+MAX_SPARES: Final = 8
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,9 @@ class Config:
     watch: tuple[Path, ...] = ()
     # Never contact a package index: every uv call gets --offline (see bootstrap.env.network).
     offline: bool = False
+    # Install with `uv pip install --compile-bytecode` (bootstrap.env.bytecode): a kernel start
+    # under PYTHONDONTWRITEBYTECODE=1 (common in images) otherwise recompiles every import.
+    compile_bytecode: bool = True
     # Where ``venv`` came from: "config" (the key), "KERNEL_BOOTSTRAP_VENV", or "default"
     # (this config's own, :func:`default_venv`); ``status`` says so.
     venv_from: str = "config"
@@ -100,6 +105,8 @@ class Config:
     kernel_preload: tuple[str, ...] = ()
     kernel_idle_timeout: float = 900.0
     kernel_preload_timeout: float = 60.0
+    # Kernels the server keeps prepared, each claimed by one request (bootstrap.kernels.spare).
+    kernel_spares: int = 1
     # `skills` entries that are inline tables (bootstrap.sources): ``skills`` holds only those
     # of their skills the skills lock names and the cache holds; ``prepare`` adds the rest.
     git_sources: tuple[GitSource, ...] = ()
@@ -192,6 +199,7 @@ def config_from_dict(data: dict[str, Any], file: Path) -> Config:
         watch=watch,
         offline=offline_from_env() is not None or reader.boolean("offline"),
         venv_from=venv_from,
+        compile_bytecode=reader.boolean("compile-bytecode", default=True),
         git_sources=git_sources,
         skills_lock=skills_lock,
         **_kernel_keys(reader),
@@ -215,7 +223,16 @@ def _kernel_keys(reader: Reader) -> dict[str, Any]:
     return {"kernel_server": reader.boolean("kernel-server", default=True),
             "kernel_preload": preload,
             "kernel_idle_timeout": _seconds(reader, "kernel-idle-timeout", 900.0),
-            "kernel_preload_timeout": _seconds(reader, "kernel-preload-timeout", 60.0)}
+            "kernel_preload_timeout": _seconds(reader, "kernel-preload-timeout", 60.0),
+            "kernel_spares": _spares(reader)}
+
+
+def _spares(reader: Reader) -> int:
+    value = reader.data.get("kernel-spares", 1)
+    # Each spare is a kernel's memory held in advance: a handful is plenty for one venv.
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SPARES:
+        raise reader.bad("kernel-spares", f"a whole number from 0 (off) to {MAX_SPARES}")
+    return value
 
 
 def _seconds(reader: Reader, key: str, default: float) -> float:

@@ -32,7 +32,7 @@ import time  # built in, and imported by every interpreter's start: free
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # try_cli's hook: (venv, interpreter, PYTHON-ARGS, config file, kernel-server)
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
     Launch = Callable[[str, str, list[str], str, bool], None]
 
 # 2: generations (a format-1 one may vouch for a plain venv the full check must convert).
@@ -219,9 +219,11 @@ Held = tuple[str, str, list[tuple[str, int, str, str]], list[tuple[str, str]], s
              frozenset[str], bool]
 
 
-def holds(config_file: str) -> Held | None:
+def holds(config_file: str, environ: Mapping[str, str] | None = None) -> Held | None:
     """What the fingerprint for ``config_file`` says (see :data:`Held`) if it still holds,
-    else None."""
+    else None. ``environ``: the environment of the start it is asked for (the jupyter_client
+    provisioner asks for a kernel's), ``os.environ`` by default."""
+    environ = os.environ if environ is None else environ
     path = fingerprint_path(config_file)
     text = read_text(path) if path is not None else None
     if text is None:
@@ -243,7 +245,7 @@ def holds(config_file: str) -> Held | None:
         elif kind == "venv" and len(fields) == 2:
             venv = fields[1]
         elif kind == "env" and len(fields) == 3:
-            if os.environ.get(fields[1], "") != fields[2]:
+            if environ.get(fields[1], "") != fields[2]:
                 return None
         elif kind == "stat" and len(fields) == 3:
             if stamp(fields[1]) != fields[2]:

@@ -1,4 +1,5 @@
-"""`uv pip install`: gather requests, simulate failures, resolve, then install all or nothing.
+"""`uv pip install`: gather requests, simulate failures, resolve, then install all or nothing
+(and, with `--compile-bytecode`, compile what it installed).
 
 Like uv, every check (builds, resolution) finishes before the first file is written, so a failed
 call leaves the venv exactly as it was. The fault injections are environment variables:
@@ -85,6 +86,8 @@ def install(args: Sequence[str]) -> int:
             console.say(f"      Built {package.project.label()}")
     console.say(f"Prepared {plural(len(todo))} in {console.elapsed()}")
     _apply(venv, todo, installed, console)
+    if opts.flag("--compile-bytecode"):
+        _compile(venv, todo, console)
     return 0
 
 
@@ -301,6 +304,23 @@ def _apply(venv: venvs.Venv, todo: list[Package], installed: dict[str, dists.Dis
     console.say(f"Installed {plural(len(todo))} in {console.elapsed()}")
     for _, line in sorted(changes, key=lambda change: change[0]):
         console.say(line)
+
+
+def _compile(venv: venvs.Venv, todo: list[Package], console: Console) -> None:
+    """`--compile-bytecode` as uv 0.13.9 does it: the modules this call installed, nothing else
+    (a call that installs nothing compiles nothing), into `__pycache__` beside each."""
+    import py_compile
+
+    installed = dists.scan(venv.site)
+    count = 0
+    for package in todo:
+        dist = installed.get(package.norm)
+        for line in (dist.read("RECORD") if dist else "").splitlines():
+            source = venv.site / line.split(",")[0]
+            if source.suffix == ".py" and source.is_file():
+                py_compile.compile(str(source), quiet=1)
+                count += 1
+    console.say(f"Bytecode compiled {count} file{'' if count == 1 else 's'} in {console.elapsed()}")
 
 
 def _write(venv: venvs.Venv, package: Package, with_script: bool, *,

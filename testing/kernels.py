@@ -145,6 +145,18 @@ def reserve_ports(first: int, count: int) -> None:
     _NEXT_PORT = itertools.count(os.getpid() * 5 % count)
 
 
+@contextlib.contextmanager
+def default_ports() -> Iterator[None]:
+    """Within the block, kernels start on the ports jupyter_client picks itself (the ephemeral
+    range, as for any user), not on the reserved ones."""
+    saved = list(_PORTS)
+    _PORTS.clear()
+    try:
+        yield
+    finally:
+        _PORTS[:] = saved
+
+
 def _free_port() -> int:
     import socket
 
@@ -164,7 +176,6 @@ def _start(kernel_name: str, timeout: float, reconnect_ms: int,
            launching: contextlib.AbstractContextManager[object], popen: dict[str, Any],
            ) -> Started:
     from jupyter_client.manager import KernelManager
-    from jupyter_client.provisioning.local_provisioner import LocalProvisioner
 
     manager = KernelManager(kernel_name=kernel_name)
     if _PORTS:
@@ -182,16 +193,24 @@ def _start(kernel_name: str, timeout: float, reconnect_ms: int,
             close_client(client)
         seconds = time.perf_counter() - began
     except BaseException as e:
-        provisioner = manager.provisioner
-        if isinstance(provisioner, LocalProvisioner) and provisioner.process is not None:
-            e.add_note(f"{kernel_name}: the launched process {provisioner.process.pid} "
-                       f"exit status: {provisioner.process.poll()}")
+        process = getattr(manager.provisioner, "process", None)
+        if process is not None:
+            e.add_note(f"{kernel_name}: the launched process {process.pid} "
+                       f"exit status: {process.poll()}")
         manager.shutdown_kernel(now=True)
         raise
-    # The local provisioner (what a kernelspec without one gets) holds the Popen.
+    return Started(manager, _launched(manager), seconds, info)
+
+
+def _launched(manager: KernelManager) -> int:
+    """The pid jupyter_client's provisioner started: the Popen's of the local provisioner (what a
+    kernelspec without one gets; kernel-bootstrap's when it starts the ordinary way), else the
+    served kernel's of kernel-bootstrap's."""
     provisioner = manager.provisioner
-    assert isinstance(provisioner, LocalProvisioner) and provisioner.process is not None
-    return Started(manager, provisioner.process.pid, seconds, info)
+    process = getattr(provisioner, "process", None)
+    pid = process.pid if process is not None else getattr(provisioner, "pid", None)
+    assert isinstance(pid, int), provisioner
+    return pid
 
 
 def stop(kernel: Started) -> None:
@@ -259,6 +278,18 @@ def start_many(kernel_name: str, n: int, *, timeout: float = 600.0, reconnect_ms
     """Start ``n`` kernels at once, one thread each, and wait until all have answered; if any
     fails, the others are shut down and the first failure raised. ``reconnect_ms`` is coarser
     than a single start's: n sockets retrying every 10 ms would take CPU from the kernels."""
+    burst, errors = start_each(kernel_name, n, timeout=timeout, reconnect_ms=reconnect_ms,
+                               **popen)
+    if errors:
+        stop_all(burst.kernels)
+        raise errors[0]
+    return burst
+
+
+def start_each(kernel_name: str, n: int, *, timeout: float = 600.0, reconnect_ms: int = 50,
+               **popen: Any) -> tuple[Burst, list[BaseException]]:
+    """:func:`start_many`, keeping the kernels that answered and the errors of those that did
+    not (a benchmark counts them)."""
     began = time.perf_counter()
     with ThreadPoolExecutor(max_workers=n) as pool:
         futures = [pool.submit(_in_thread, _start, kernel_name, timeout, reconnect_ms,
@@ -266,10 +297,7 @@ def start_many(kernel_name: str, n: int, *, timeout: float = 600.0, reconnect_ms
     wall = time.perf_counter() - began
     kernels = [f.result() for f in futures if f.exception() is None]
     errors = [e for f in futures if (e := f.exception()) is not None]
-    if errors:
-        stop_all(kernels)
-        raise errors[0]
-    return Burst(kernels, wall)
+    return Burst(kernels, wall), errors
 
 
 def stop_all(kernels: Iterable[Started]) -> None:

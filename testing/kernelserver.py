@@ -36,15 +36,17 @@ def tree(tag: str, table: dict[int, kernels.Proc] | None = None) -> set[int]:
     return kernels.descendants([server.pid], table) | forks
 
 
-def wait_up(tag: str, venv: Path, timeout: float = 120.0) -> None:
-    """Until ``venv``'s server answers and it and its spares used no CPU for 0.5 s (imports,
-    preloads and spares done)."""
+def wait_up(tag: str, venv: Path, timeout: float = 120.0, spares: int = 0) -> None:
+    """Until ``venv``'s server answers with at least ``spares`` spares ready and it and its
+    spares used no CPU for 0.5 s (imports, preloads and spares done)."""
     from bootstrap.kernels.info import describe
 
     deadline = time.monotonic() + timeout
     before = -1.0
     while time.monotonic() < deadline:
-        pids = tree(tag) if describe(venv) is not None else set()
+        answer = describe(venv)
+        up = answer is not None and answer["spares"] >= spares
+        pids = tree(tag) if up else set()
         cpu = sum(map(kernels.cpu_seconds, pids)) if pids else -1.0
         if pids and cpu == before:
             return

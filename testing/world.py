@@ -21,7 +21,7 @@ from testing.uvlog import Call, fake_uv_shim, read_calls
 def toml_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, str):
+    if isinstance(value, (str, int, float)):
         return json.dumps(value)
     if isinstance(value, list):
         return "[" + ", ".join(toml_value(v) for v in value) + "]"

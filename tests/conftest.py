@@ -20,7 +20,12 @@ _GUARDED = ("HOME", "XDG_DATA_HOME", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_S
 
 @pytest.fixture(scope="session")
 def uv_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One uv cache for the whole session: the real-uv tests download the build backend once."""
+    """One uv cache for the whole run, its xdist workers' too (uv locks its cache for use by
+    concurrent processes): the real-uv tests download ipykernel and the build backend once."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = tmp_path_factory.getbasetemp().parent / "uv-cache"  # the run's, not a worker's
+        shared.mkdir(exist_ok=True)
+        return shared
     return tmp_path_factory.mktemp("uv-cache")
 
 

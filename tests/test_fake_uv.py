@@ -361,3 +361,15 @@ def test_the_index_hatchling_builds_an_editable_wheel_that_installs(uv: Uv, venv
     assert "Requires-Dist: six" in (info / "METADATA").read_text()
     [call] = [c for c in read_calls(uv.log) if c.wheels]
     assert call.requirements == ["wheel-skill"] and call.wheels == 1
+
+
+def test_compile_bytecode_compiles_what_the_call_installed_and_only_that(
+        uv: Uv, venv: Path) -> None:
+    site = next(venv.glob("lib/python*/site-packages"))
+    uv.install(venv, "six")
+    done = uv.install(venv, "--compile-bytecode", "idna", "six")
+    assert "Bytecode compiled 1 file" in done.stderr
+    assert list((site / "idna" / "__pycache__").glob("__init__.*.pyc"))
+    assert not (site / "six" / "__pycache__").exists()  # installed before, uncompiled: as uv
+    assert ["pip", "install", "--python", str(venv / "bin" / "python"), "--compile-bytecode",
+            "idna", "six"] in read_uv_log(uv.log)

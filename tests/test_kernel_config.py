@@ -57,6 +57,14 @@ def test_a_preload_has_a_minute_unless_configured(world: World) -> None:
     assert load_config(world.config).kernel_preload_timeout == 2.0
 
 
+def test_one_spare_unless_configured(world: World) -> None:
+    assert load_config(world.config).kernel_spares == 1
+    configure(world, "kernel-spares = 0")
+    assert load_config(world.config).kernel_spares == 0
+    configure(world, "kernel-spares = 8")
+    assert load_config(world.config).kernel_spares == 8
+
+
 def assert_exit_2(result: subprocess.CompletedProcess[str], *needles: str) -> None:
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr and result.stdout == ""
@@ -66,6 +74,7 @@ def assert_exit_2(result: subprocess.CompletedProcess[str], *needles: str) -> No
 
 _NOT_A_MODULE = "not a module name"
 _NOT_SECONDS = "must be a number of seconds greater than 0"
+_NOT_SPARES = "must be a whole number from 0 (off) to 8"
 
 
 @pytest.mark.parametrize(("extra", "needles"), [
@@ -84,6 +93,11 @@ _NOT_SECONDS = "must be a number of seconds greater than 0"
     ("kernel-idle-timeout = true", ("'kernel-idle-timeout'", _NOT_SECONDS)),
     ("kernel-preload-timeout = 0", ("'kernel-preload-timeout'", _NOT_SECONDS)),
     ('kernel-preload-timeout = "60"', ("'kernel-preload-timeout'", _NOT_SECONDS)),
+    ("kernel-spares = -1", ("'kernel-spares'", _NOT_SPARES)),
+    ("kernel-spares = 9", ("'kernel-spares'", _NOT_SPARES)),
+    ("kernel-spares = 1.5", ("'kernel-spares'", _NOT_SPARES)),
+    ('kernel-spares = "1"', ("'kernel-spares'", _NOT_SPARES)),
+    ("kernel-spares = true", ("'kernel-spares'", _NOT_SPARES)),
     ('kernel-server = "no"', ("'kernel-server'", "must be true or false")),
     ("kernel-server = 0", ("'kernel-server'", "must be true or false")),
 ])

@@ -269,6 +269,17 @@ def test_a_changed_environment_falls_through(stamped: tuple[str, list[str]],
     assert warm.check(config) is None
 
 
+def test_the_environment_checked_may_be_another_processs(stamped: tuple[str, list[str]],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    # The provisioner checks for the kernel's environment (the kernelspec's env added), not its
+    # own: only the one given counts.
+    config, _ = stamped
+    monkeypatch.setenv("KERNEL_BOOTSTRAP_VENV", "/elsewhere")
+    assert warm.holds(config, {})[:2] == ("/v", "/v/bin/python")  # type: ignore[index]
+    monkeypatch.delenv("KERNEL_BOOTSTRAP_VENV")
+    assert warm.holds(config, {"KERNEL_BOOTSTRAP_VENV": "/elsewhere"}) is None
+
+
 def test_a_fingerprint_for_another_config_or_in_another_format_falls_through(
         stamped: tuple[str, list[str]]) -> None:
     config, _ = stamped

@@ -64,15 +64,22 @@ requirements = ["ipykernel"]
 # that cannot be reached makes a session use the caches alone, with a warning.
 # offline = true
 
+# Install the runtime and skills with bytecode compiled, so that no kernel start recompiles
+# them (with PYTHONDONTWRITEBYTECODE=1, as in many images, every start would). `false` makes
+# a build faster and the venv smaller; turning it back on compiles what is installed.
+# compile-bytecode = true
+
 # Kernels ready, not just the venv (Linux): a kernel server per venv generation imports
 # ipykernel (and these modules) once and forks each later kernel from it. `false` (or
 # KERNEL_BOOTSTRAP_KERNEL_SERVER=0) starts every kernel the ordinary way. It exits after
 # kernel-idle-timeout seconds without a request and a running kernel, and gives up when its
-# imports take longer than kernel-preload-timeout seconds.
+# imports take longer than kernel-preload-timeout seconds. It keeps kernel-spares kernels
+# prepared before they are asked for (each a kernel's memory while it waits; 0: none).
 # kernel-server = true
 # kernel-preload = ["numpy", "pandas"]
 # kernel-idle-timeout = 900
 # kernel-preload-timeout = 60
+# kernel-spares = 1
 """
 
 

@@ -12,9 +12,11 @@ from bootstrap.primitives import log
 
 
 def install(config_path: Path | None, *, name: str, display_name: str | None, user: bool,
-            prefix: Path | None, as_json: bool, direct: bool = False) -> int:
+            prefix: Path | None, as_json: bool, direct: bool = False,
+            provisioner: bool = False) -> int:
     """``user`` is the default location; it is a flag only so that it can be said explicitly.
-    ``direct``: the spec starts the venv's interpreter itself, without the gate."""
+    ``direct``: the spec starts the venv's interpreter itself, without the gate.
+    ``provisioner``: jupyter_client starts it through ours (the gate's argv its fallback)."""
     from bootstrap.engine.ensure import ensure
     from bootstrap.env import kernelspec
 
@@ -31,7 +33,13 @@ def install(config_path: Path | None, *, name: str, display_name: str | None, us
         os.environ["KERNEL_BOOTSTRAP_VENV"] = str(config.venv)
     # The first kernel start is then warm; every start goes through the gate unless --direct.
     result = ensure(config)
-    spec = kernelspec.spec_for(result.python, kernel, display_name, config, direct=direct)
+    spec = kernelspec.spec_for(result.python, kernel, display_name, config, direct=direct,
+                               provisioner=provisioner)
+    if provisioner and not kernelspec.provisioner_installed():
+        # jupyter_client lists no kernel whose provisioner it cannot load.
+        log.warning(f"{kernelspec.PROVISIONER} is not installed beside this interpreter; "
+                    "Jupyter lists this kernel only where kernel-bootstrap is installed in "
+                    "Jupyter's own environment", provisioner=kernelspec.PROVISIONER)
     path = kernelspec.install_spec(kernelspec.kernels_dir(prefix), kernel, spec)
     log.info("kernelspec installed", name=kernel, path=str(path),
              display_name=spec["display_name"])

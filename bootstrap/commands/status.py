@@ -117,8 +117,8 @@ def _with_generations(text: str, generation: dict[str, Any]) -> str:
 def kernel_server(venv: Path) -> dict[str, Any] | None:
     """What the venv's live kernel server says of itself (asked over its socket, 1 s at most):
     ``{pid, generation, started, kernels_started, spares, kernels, detached, serving,
-    not_serving}`` (``kernels``: the pids of the kernels it serves now); None when none
-    answers."""
+    not_serving, spare_pids}`` (``kernels``: the pids of the kernels it serves now); None when
+    none answers."""
     from bootstrap.kernels.info import describe
 
     return describe(venv)
@@ -131,6 +131,8 @@ def _with_kernel_server(text: str, server: dict[str, Any] | None) -> str:
                  f"{server['kernels_started']} kernels started")
     if server is not None and "kernels" in server:  # pids, for `kill` or `ps -p`
         lines.append("  kernels running: " + (" ".join(map(str, server["kernels"])) or "none"))
+    if server is not None and "spare_pids" in server:
+        lines.append("  spares ready: " + (" ".join(map(str, server["spare_pids"])) or "none"))
     if server is not None and server.get("not_serving"):
         lines.append(f"  not serving: {server['not_serving']}")
     return "\n".join([*lines, verdict])

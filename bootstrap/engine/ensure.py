@@ -18,7 +18,7 @@ from bootstrap.config import Config, Skill
 from bootstrap.engine.rebuild import rebuild
 from bootstrap.engine.results import Action, EnsureResult
 from bootstrap.engine.status import Status, status
-from bootstrap.env import generations
+from bootstrap.env import bytecode, generations
 from bootstrap.env.marker import RuntimeRecord
 from bootstrap.env.network import Network
 from bootstrap.env.requirements import validate_requirements
@@ -167,7 +167,8 @@ def _make_ready(config: Config, live: Venv, found: Status,
     # that needs an index waits for the answer.
     network = Network(config.offline, config.uv_args)
     network.start()
-    uv = make_uv(config.constraints, config.uv_args, network)
+    uv = make_uv(config.constraints, config.uv_args, network,
+                 compile_bytecode=config.compile_bytecode)
     skills_step = 1 if (found.pending or reinstall or found.stray) else 0
     snapshots: restore.Plan | None = None
     restored = False
@@ -186,6 +187,8 @@ def _make_ready(config: Config, live: Venv, found: Status,
         action = "rebuild"
         runtime, restored, rode = _rebuild_noted(config, live, uv, snapshots, with_skills,
                                                  config_stamps, adopt=not force)
+    # Before the sync: what it installs is compiled (or not) by its own uv call already.
+    bytecode.settle(config)
     outcome = sync_skills(config, uv, runtime, reinstall, retry=retry)
     outcome.installed[:0] = [n for n in rode if n not in outcome.installed]
     progress.finish("ready" if not outcome.failed

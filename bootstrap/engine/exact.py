@@ -94,7 +94,8 @@ def repair(config: Config, skill_projects: Iterable[str], lock_timeout: float) -
         if found is None or found.exact:
             return []
         uv = make_uv(config.constraints, config.uv_args,
-                     Network(config.offline, config.uv_args))
+                     Network(config.offline, config.uv_args),
+                     compile_bytecode=config.compile_bytecode)
         done: list[str] = []
         try:
             if found.extra:

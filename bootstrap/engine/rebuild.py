@@ -65,7 +65,7 @@ def rebuild(config: Config, uv: Uv, snapshots: restore.Plan | None = None, *,
         runtime = _checked(config, staged)
         # The base marker lands with the venv: a session killed during the skill sync leaves
         # a marker that says "runtime done", so the next one never rebuilds it.
-        write_marker(staged.path, base_marker(runtime, skills))
+        write_marker(staged.path, base_marker(runtime, skills, bytecode=uv.compile_bytecode))
         method = generations.place(live, staged.path)
     generations.remove_unused(live)
     log.info("runtime ready", venv=str(live), swap=method)

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from bootstrap.config import Config, Skill
 from bootstrap.env.identity import describe_change, identity_of, runtime_inputs
-from bootstrap.env.marker import MarkerRead, read_marker
+from bootstrap.env.marker import MarkerRead, compiled, read_marker
 from bootstrap.env.venv import Venv
 from bootstrap.skills.backoff import Failure, from_record, rebuild_failure, tried_offline
 from bootstrap.skills.python_skill import pyproject_state
@@ -61,13 +61,15 @@ class Status:
     skills: tuple[SkillStatus, ...] = ()
     stray: tuple[str, ...] = ()  # recorded in the marker, no longer configured
     rebuild: Failure | None = None  # runtime "failed": the recorded failure
+    # The marker's bytecode record is not what `compile-bytecode` asks for (env/bytecode.py).
+    bytecode_due: bool = False
 
     @property
     def settled(self) -> bool:
         """Nothing to do now: ready, but for skills whose failures are backing off and skills
         whose SKILL.md is invalid (one such skill once made every start cold, taking the lock:
         no uv call can fix a SKILL.md)."""
-        return (self.base_current and not self.stray
+        return (self.base_current and not self.stray and not self.bytecode_due
                 and all(s.state == "installed" or s.backing_off
                         or (s.invalid and not s.still_installed) for s in self.skills))
 
@@ -122,7 +124,9 @@ def status(config: Config, *, vouched: frozenset[str] = frozenset()) -> Status:
                    for s, is_python, digest in found)
     python_names = {s.name for s, is_python, _ in found if is_python}
     stray = tuple(sorted(n for n in recorded if n not in python_names))
-    return Status(venv.path, venv.python, marker, runtime, why, skills, stray, rebuild)
+    bytecode_due = runtime == "current" and compiled(marker.data) != config.compile_bytecode
+    return Status(venv.path, venv.python, marker, runtime, why, skills, stray, rebuild,
+                  bytecode_due)
 
 
 def _pyproject_state(skill: Skill) -> tuple[bool, str]:

@@ -3,11 +3,14 @@ install that a running Jupyter never sees half done.
 
 The kernelspec starts the kernel through ``kernel-bootstrap run`` (the gate): every kernel Jupyter,
 jupyter_client, VS Code or a harness starts from it is made ready first, so a skill added after
-the install is installed for it. ``--direct`` writes the old form, the venv's interpreter by its
-stable path (it survives every rebuild: ``ensure`` swaps a new venv in at the same path), which
-skips the gate. Jupyter lists every directory under
-``kernels/`` that holds a ``kernel.json`` (a name it finds invalid only earns a warning), so the
-new spec is staged beside ``kernels/``, not inside it, and renamed into place in one step.
+the install is installed for it. Its argv starts the tool's own interpreter ``-I -S`` (no site:
+the stand-in of a served kernel then costs about one bare interpreter start), which answers a
+warm ``run`` itself and execs the gate argv for anything else (:func:`lean_argv`); a kernelspec
+that names the console script itself still works. ``--direct`` writes the old form, the venv's
+interpreter by its stable path (it survives every rebuild: ``ensure`` swaps a new venv in at the
+same path), which skips the gate. Jupyter lists every directory under ``kernels/`` that holds a
+``kernel.json`` (a name it finds invalid only earns a warning), so the new spec is staged beside
+``kernels/``, not inside it, and renamed into place in one step.
 """
 
 from __future__ import annotations
@@ -40,6 +43,9 @@ _NAME_RE: Final = re.compile(r"[a-zA-Z0-9._-]+")
 MAX_NAME: Final = 200
 LAUNCHER: Final = ("-m", "ipykernel_launcher", "-f", "{connection_file}")
 SPEC_FILE: Final = "kernel.json"
+# bootstrap.kernels.provisioner's entry point (pyproject.toml), the name kernelspecs give.
+PROVISIONERS: Final = "jupyter_client.kernel_provisioners"
+PROVISIONER: Final = "kernel-bootstrap-provisioner"
 # What the gate needs to manage the venv the install managed: the overrides in force then.
 # Jupyter starts kernels with its own environment, which may lack them. Nothing else is
 # carried: credentials (AWS_*, an index URL with a token) stay out of a world-readable file.
@@ -107,11 +113,12 @@ def kernels_dir(prefix: Path | None = None) -> Path:
 
 
 def spec_for(python: Path, name: str, display_name: str | None, config: Config, *,
-             direct: bool = False) -> KernelSpec:
+             direct: bool = False, provisioner: bool = False) -> KernelSpec:
     """The spec: through ``kernel-bootstrap run`` (the gate), or with ``direct`` the venv's
-    interpreter alone."""
+    interpreter alone; ``provisioner``: started by ours (:data:`PROVISIONER`), the gate's argv
+    its fallback."""
     spec: KernelSpec = {
-        "argv": [str(python), *LAUNCHER] if direct else gate_argv(config),
+        "argv": [str(python), *LAUNCHER] if direct else lean_argv(config),
         "display_name": display_name or f"Python ({name})",
         "language": "python",
         "metadata": {"kernel_bootstrap": {
@@ -119,10 +126,19 @@ def spec_for(python: Path, name: str, display_name: str | None, config: Config, 
             "venv": str(config.venv),
         }},
     }
+    if provisioner:
+        spec["metadata"]["kernel_provisioner"] = {"provisioner_name": PROVISIONER}
     env = {} if direct else carried_env()
     if env:
         spec["env"] = env
     return spec
+
+
+def provisioner_installed() -> bool:
+    """Whether jupyter_client, in this interpreter, would find :data:`PROVISIONER`."""
+    from importlib.metadata import entry_points
+
+    return any(e.name == PROVISIONER for e in entry_points(group=PROVISIONERS))
 
 
 def gate_argv(config: Config) -> list[str]:
@@ -131,6 +147,32 @@ def gate_argv(config: Config) -> list[str]:
         raise ConfigError("a kernelspec through `kernel-bootstrap run` needs a config file; "
                           "pass --config PATH, or --direct for one without the gate")
     return [*self_command(), "run", "--config", str(config.path), "--", *LAUNCHER]
+
+
+# What the kernelspec's interpreter runs (``-I -S -c``; argv[1] the directory holding this
+# ``bootstrap``, the gate argv after it): ``bootstrap.cli.lean_run``, or the gate argv itself
+# when that cannot be imported (the tool moved, or an older one has no lean_run). No braces:
+# jupyter_client substitutes ``{name}`` in every argument.
+LEAN_CODE: Final = ("import sys;a=sys.argv\n"
+                    "try:sys.path.append(a[1]);from bootstrap.cli import lean_run as r\n"
+                    "except Exception:import os;os.execv(a[2],a[2:])\n"
+                    "r(a[2:])")
+
+
+def lean_argv(config: Config) -> list[str]:
+    """``[<this interpreter>, "-I", "-S", "-c", LEAN_CODE, <dir of bootstrap>, *gate_argv]``:
+    the gate without the console script's start-up (site, its imports); the gate argv alone when
+    this interpreter is unknown."""
+    gate = gate_argv(config)
+    if not sys.executable:
+        return gate
+    return [sys.executable, "-I", "-S", "-c", LEAN_CODE, package_parent(), *gate]
+
+
+def package_parent() -> str:
+    """The directory this ``bootstrap`` package was imported from (site-packages, or the
+    checkout of an editable install): what the lean entry puts on its path."""
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def self_command() -> list[str]:

@@ -71,6 +71,9 @@ class MarkerData(TypedDict):
     # Present only while a session is inside a uv call: a marker that still has it was left by
     # a session that died. Older readers ignore it.
     attempt: NotRequired[AttemptRecord]
+    # True: what is installed was compiled to bytecode, and later installs compile theirs
+    # (`compile-bytecode`, bootstrap.env.bytecode). Absent (older markers): not compiled.
+    bytecode: NotRequired[bool]
 
 
 @dataclass(frozen=True)
@@ -185,11 +188,20 @@ def is_text(value: object) -> TypeGuard[str]:
     return True
 
 
-def base_marker(runtime: RuntimeRecord,
-                skills: dict[str, SkillRecord] | None = None) -> MarkerData:
-    """A marker for a freshly built runtime, with the skills installed by the same uv call."""
-    return {"schema": SCHEMA, "runtime": runtime, "skills": dict(skills or {}), "failed": {},
-            "updated": time.time()}
+def base_marker(runtime: RuntimeRecord, skills: dict[str, SkillRecord] | None = None, *,
+                bytecode: bool = False) -> MarkerData:
+    """A marker for a freshly built runtime, with the skills installed by the same uv call;
+    ``bytecode``: that call compiled what it installed."""
+    data: MarkerData = {"schema": SCHEMA, "runtime": runtime, "skills": dict(skills or {}),
+                        "failed": {}, "updated": time.time()}
+    if bytecode:
+        data["bytecode"] = True
+    return data
+
+
+def compiled(data: MarkerData | None) -> bool:
+    """Whether the marker says the venv's packages are compiled (see MarkerData)."""
+    return data is not None and data.get("bytecode") is True
 
 
 def write_marker(venv: Path, data: MarkerData, *, sync_dir: bool = True) -> None:

@@ -215,13 +215,11 @@ def install_args(lock: Path) -> list[str]:
 
 def install_locked(uv: Uv, python: Path, lock: Path) -> None:
     log.info("installing the pinned runtime", lock=str(lock))
-    # Without the constraints file: its resolution is in the pins already, and uv refuses
-    # unpinned constraint lines when hashes are required.
     # Offline first: the pins and hashes are exact, so a cached artifact is the one the index
     # would serve, and asking the index for each of them cost 0.8 s where the cache took 0.12.
-    uv.cached_first("pip", "install", "--python", python, *uv.build_args, *install_args(lock),
-                    what=f"uv could not install the pins of {lock} (the live venv, if any, "
-                         "is unchanged)")
+    uv.install_exact(python, install_args(lock),
+                     what=f"uv could not install the pins of {lock} (the live venv, if any, "
+                          "is unchanged)")
 
 
 def _configured(config: Config) -> Path:

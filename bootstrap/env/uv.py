@@ -64,6 +64,9 @@ class Uv:
     build_args: tuple[str, ...] = ()
     # Whether uv may contact an index (bootstrap.env.network): asked by the calls that would.
     network: Network = ONLINE
+    # `compile-bytecode`: every install into the venv compiles what it installs (see
+    # bootstrap.env.bytecode); build environments are thrown away, so they never do.
+    compile_bytecode: bool = True
 
     def run(self, *args: str | Path, what: str, index: bool = True,
             cwd: Path | None = None, env: Mapping[str, str] | None = None) -> process.Result:
@@ -115,8 +118,21 @@ class Uv:
         return process.background(self.exe, *argv, env=environment(), what=what,
                                   error=UvError)
 
-    def _install(self, python: Path, args: Sequence[str | Path]) -> list[str | Path]:
-        return ["pip", "install", "--python", target(python), *self.install_args, *args]
+    def install_exact(self, python: Path, args: Sequence[str | Path], what: str) -> None:
+        """:meth:`install` of exact pins with hashes: from the caches first (see
+        :meth:`cached_first`), and without the constraints file, whose resolution is in the
+        pins already (uv refuses unpinned constraint lines when hashes are required)."""
+        self.cached_first(*self._install(python, args, constrained=False), what=what)
+
+    def _install(self, python: Path, args: Sequence[str | Path], *,
+                 constrained: bool = True) -> list[str | Path]:
+        """The one ``uv pip install`` into a venv: every install gets ``--compile-bytecode``
+        from here, unless the config turned it off (uv refuses it twice, so one in uv-args
+        stands)."""
+        options = self.install_args if constrained else self.build_args
+        bytecode = ["--compile-bytecode"] if (
+            self.compile_bytecode and "--compile-bytecode" not in options) else []
+        return ["pip", "install", "--python", target(python), *bytecode, *options, *args]
 
     def uninstall(self, python: Path, projects: Sequence[str]) -> None:
         self.run("pip", "uninstall", "--python", target(python), *projects,
@@ -141,8 +157,8 @@ def _once(args: Sequence[str | Path]) -> tuple[str, ...]:
 
 
 def make_uv(constraints: Path | None, uv_args: Sequence[str],
-            network: Network = ONLINE) -> Uv:
+            network: Network = ONLINE, *, compile_bytecode: bool = True) -> Uv:
     args: list[str] = []
     if constraints is not None:
         args += ["--constraint", str(constraints)]
-    return Uv(find_uv(), (*args, *uv_args), tuple(uv_args), network)
+    return Uv(find_uv(), (*args, *uv_args), tuple(uv_args), network, compile_bytecode)

@@ -8,5 +8,7 @@ no longer current), :mod:`template` and :mod:`loop` (the server, in the venv's i
 becomes), :mod:`standin` (what it does until the kernel ends), :mod:`spawn` (starting a server in
 the background), :mod:`server` (``serve``'s entry), :mod:`handover` (``serve`` when another
 server holds the lock), :mod:`title` (what ``ps`` shows of a server and its kernels),
-:mod:`info` (``status`` and ``gc``) and :mod:`switch` (whether kernels are served at all).
+:mod:`info` (``status`` and ``gc``), :mod:`switch` (whether kernels are served at all), and
+:mod:`provisioner` (jupyter_client's, loaded only by it) with :mod:`provisioned` (the kernel
+it asks the server for).
 """

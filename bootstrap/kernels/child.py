@@ -50,6 +50,7 @@ class Job:
     context: contexts.Context
     preload_fds: frozenset[int] = frozenset()
     code: list[int] = field(default_factory=lambda: [0])
+    ports: bool = False  # the request asked for the kernel's ports (protocol.py)
 
     def __call__(self) -> None:
         """Become the kernel and run it at the top level of the interpreter (``BOOT``)."""
@@ -57,78 +58,100 @@ class Job:
         # Seen in `ps` as its kernelspec's argv, as exec made the bare kernel's (issue 35).
         title.set_title([sys.orig_argv[0], *self.argv])
         self.closing()
-        _default_signals()
+        default_signals()
         self._descriptors()
         self._confine()
         self._environment()
-        _fresh_state()
+        fresh_state()
         self._hooks()
         self._run()
 
     def _descriptors(self) -> None:
         for target, fd in enumerate(self.fds):
             os.dup2(fd, target)
-        keep = {0, 1, 2, self.conn.fileno(), self.ready}
-        pin = os.path.join(os.path.realpath(sys.prefix), ".in-use")
-        for name in os.listdir("/proc/self/fd"):
-            fd = int(name)
-            if fd in keep:
-                continue
-            with contextlib.suppress(OSError):  # the descriptor listdir itself used: gone
-                if os.readlink(f"/proc/self/fd/{fd}") == pin:
-                    continue  # the generation pin's lock: see the module docstring
-                if fd in self.preload_fds:
-                    _to_null(fd)  # a preloaded module's file: its close() must close this
-                else:
-                    os.close(fd)
-        _fresh_streams()
+        close_descriptors({0, 1, 2, self.conn.fileno(), self.ready}, self.preload_fds)
+        fresh_streams()
 
     def _confine(self) -> None:
-        """The launcher's rlimits, umask, nice, ... (the server checked it may set them); a
-        kernel that cannot carry them must not run at all."""
-        try:
-            contexts.apply(self.context)
-        except OSError as e:
-            with contextlib.suppress(OSError):
-                os.write(2, f"kernel-bootstrap: cannot confine the kernel as its launcher: {e}\n"
-                         .encode(errors="replace"))
-            os._exit(1)
+        confine(self.context)
 
     def _environment(self) -> None:
-        os.chdir(self.cwd)
-        os.environ.clear()
-        os.environ.update(self.env)
-        module = self.argv[1]
-        sys.argv = [module, *self.argv[2:]]  # runpy puts the module's file first
-        sys.orig_argv = [sys.executable, *self.argv]
-        # `-c` (the server) put "" first; `-m` puts the cwd of the start, absolute.
-        sys.path[:1] = [self.cwd] if sys.path[:1] == [""] else [self.cwd, *sys.path[:1]]
+        environment(self.argv, self.cwd, self.env)
 
     def _hooks(self) -> None:
         """The last word (``{"last": code}``) at exit, the watchdog, and ipykernel's hooks."""
-        conn, code = self.conn, self.code
-
-        def last_word() -> None:
-            with contextlib.suppress(OSError):  # nobody listens any more
-                conn.send(protocol.encode({"last": code[0]}), socket.MSG_DONTWAIT)
-
-        atexit.register(last_word)  # registered first: runs after every other exit hook
-        _watchdog(conn.fileno())
-        _ipykernel_hooks(self.ready)
+        last_word(self.conn, self.code)
+        _ipykernel_hooks(self.ready, self.conn if self.ports else None)
 
     def _run(self) -> None:
-        import runpy
+        run_module(self.argv[1], self.code)
 
-        for name in [n for n in sys.modules if n == "bootstrap" or n.startswith("bootstrap.")]:
-            del sys.modules[name]  # the server's own modules: not the user's `bootstrap`
-        try:
-            runpy.run_module(self.argv[1], run_name="__main__", alter_sys=True)
-        except SystemExit as e:
-            self.code[0] = _exit_code(e.code)
-            raise
-        except BaseException:
-            self.code[0] = 1
-            raise
+
+def confine(context: contexts.Context) -> None:
+    """The launcher's rlimits, umask, nice, ... (the server checked it may set them); a kernel
+    that cannot carry them must not run at all."""
+    try:
+        contexts.apply(context)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.write(2, f"kernel-bootstrap: cannot confine the kernel as its launcher: {e}\n"
+                     .encode(errors="replace"))
+        os._exit(1)
+
+
+def environment(argv: list[str], cwd: str, env: dict[str, str]) -> None:
+    """The request's cwd, environment, ``sys.argv`` and the ``sys.path[0]`` of ``-m``."""
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    sys.argv = [argv[1], *argv[2:]]  # runpy puts the module's file first
+    sys.orig_argv = [sys.executable, *argv]
+    # `-c` (the server) put "" first; `-m` puts the cwd of the start, absolute.
+    sys.path[:1] = [cwd] if sys.path[:1] == [""] else [cwd, *sys.path[:1]]
+
+
+def last_word(conn: socket.socket, code: list[int]) -> None:
+    """Send ``{"last": code}`` on ``conn`` at exit; start the watchdog on it."""
+    def send() -> None:
+        with contextlib.suppress(OSError):  # nobody listens any more
+            conn.send(protocol.encode({"last": code[0]}), socket.MSG_DONTWAIT)
+
+    atexit.register(send)  # registered first: runs after every other exit hook
+    _watchdog(conn.fileno())
+
+
+def run_module(module: str, code: list[int]) -> None:
+    """Run the kernel's module as ``-m`` does, its exit code kept in ``code`` for the last
+    word."""
+    import runpy
+
+    for name in [n for n in sys.modules if n == "bootstrap" or n.startswith("bootstrap.")]:
+        del sys.modules[name]  # the server's own modules: not the user's `bootstrap`
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except SystemExit as e:
+        code[0] = _exit_code(e.code)
+        raise
+    except BaseException:
+        code[0] = 1
+        raise
+
+
+def close_descriptors(keep: set[int], preload_fds: frozenset[int]) -> None:
+    """Close every descriptor but ``keep``, the generation pin's lock (see the module
+    docstring) and ``preload_fds``, which are put on /dev/null."""
+    pin = os.path.join(os.path.realpath(sys.prefix), ".in-use")
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        if fd in keep:
+            continue
+        with contextlib.suppress(OSError):  # the descriptor listdir itself used: gone
+            if os.readlink(f"/proc/self/fd/{fd}") == pin:
+                continue
+            if fd in preload_fds:
+                _to_null(fd)  # a preloaded module's file: its close() must close this
+            else:
+                os.close(fd)
 
 
 def _exit_code(code: object) -> int:
@@ -144,14 +167,14 @@ def _to_null(fd: int) -> None:
         os.close(null)
 
 
-def _default_signals() -> None:
+def default_signals() -> None:
     for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD, signal.SIGQUIT,
                    signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(signum, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own at start
 
 
-def _fresh_streams() -> None:
+def fresh_streams() -> None:
     """New ``sys.std*`` on descriptors 0-2, buffered as the interpreter would have at start for
     these descriptors (the server's were made for /dev/null and its log)."""
     import io
@@ -170,7 +193,7 @@ def _fresh_streams() -> None:
         setattr(sys, f"__{name}__", value)
 
 
-def _fresh_state() -> None:
+def fresh_state() -> None:
     """What modules imported in the server computed from its environment or pid."""
     import random
     import time
@@ -208,9 +231,10 @@ def _watchdog(fd: int) -> None:
     threading.Thread(target=watch, name="kernel-bootstrap-watchdog", daemon=True).start()
 
 
-def _ipykernel_hooks(ready: int) -> None:
+def _ipykernel_hooks(ready: int, ports: socket.socket | None = None) -> None:
     """Tell the server when ``IPKernelApp.initialize()`` is done (it bounds how many kernels
-    start at once), and create no parent poller (see the module docstring)."""
+    start at once), and the client the ports it bound then (``ports``: the request connection,
+    when the request asked), and create no parent poller (see the module docstring)."""
     import importlib
 
     try:
@@ -224,6 +248,8 @@ def _ipykernel_hooks(ready: int) -> None:
     def initialized(self: object, argv: list[str] | None = None) -> None:
         try:
             initialize(self, argv)
+            if ports is not None:
+                _send_ports(ports, self)
         finally:
             while open_:
                 os.close(open_.pop())
@@ -233,3 +259,53 @@ def _ipykernel_hooks(ready: int) -> None:
 
     app.initialize = initialized
     app.init_poller = no_poller
+    patient_binds()
+
+
+# How long a kernel keeps asking for a port of its connection file that another process holds.
+# jupyter_client picks ports by binding and closing them: in a burst, another manager's probe
+# holds a port for a moment, and a kernel that gave up at once was lost (issue 36).
+BIND_PATIENCE = 10.0
+
+
+def patient_binds() -> None:
+    """ipykernel binds a port its connection file names once (a port 0 it picks anew, up to 100
+    times): retry EADDRINUSE for :data:`BIND_PATIENCE` seconds instead, for the kernel's
+    sockets and its heartbeat's."""
+    import errno
+    import importlib
+    import time
+
+    def patient(bind: Callable[..., Any]) -> Callable[..., Any]:
+        def retrying(*args: Any) -> Any:
+            deadline = time.monotonic() + BIND_PATIENCE
+            while True:
+                try:
+                    return bind(*args)
+                except OSError as e:  # zmq.ZMQError is an OSError with the errno
+                    if e.errno != errno.EADDRINUSE or time.monotonic() >= deadline:
+                        raise
+                    time.sleep(0.02)
+
+        return retrying
+
+    try:
+        app = importlib.import_module("ipykernel.kernelapp").IPKernelApp
+        heartbeat = importlib.import_module("ipykernel.heartbeat").Heartbeat
+    except (ImportError, AttributeError):
+        return
+    for kind in (app, heartbeat):
+        if not getattr(kind._try_bind_socket, "patient", False):
+            kind._try_bind_socket = patient(kind._try_bind_socket)
+            kind._try_bind_socket.patient = True
+
+
+_PORTS = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
+
+
+def _send_ports(conn: socket.socket, app: object) -> None:
+    """``{"ports": {...}}``: what the app bound for a connection file whose ports were 0."""
+    found = {name: getattr(app, name, None) for name in _PORTS}
+    if all(isinstance(port, int) and port > 0 for port in found.values()):
+        with contextlib.suppress(OSError):  # the client is gone: the watchdog ends us
+            conn.send(protocol.encode({"ports": found}), socket.MSG_DONTWAIT)

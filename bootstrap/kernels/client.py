@@ -56,19 +56,17 @@ def launch(venv: str, python: str, python_args: list[str], config_file: str) -> 
 
 
 def _ask(dirfd: int, venv: str, python_args: list[str], config_file: str) -> None:
-    import _socket
-
-    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
-    sock.settimeout(CONNECT_TIMEOUT)
-    try:
-        sock.connect(places.connect_path(dirfd))
-    except OSError:  # no socket (of ours), or nobody listening: no server, or one still starting up
-        sock.close()
+    sock = _connect(dirfd)
+    if sock is None:  # no socket (of ours), or nobody listening: no server, or one starting up
         if not places.server_running(places.LOCK, dir_fd=dirfd):
             _spawn(config_file)
-        return
+            return
+        sock = _wait_for_server(dirfd)
+        if sock is None:
+            return
+    replies = Replies(sock)
     try:
-        pid = _request(sock, _kernel_request(venv, python_args, config_file))
+        pid = _request(sock, _kernel_request(venv, python_args, config_file), replies=replies)
     except _Refused as e:
         sock.close()
         if str(e) == "stale":
@@ -78,34 +76,60 @@ def _ask(dirfd: int, venv: str, python_args: list[str], config_file: str) -> Non
         sock.close()
         _warn(f"the kernel server did not answer ({e or type(e).__name__})")
         return
-    _stand_in(sock, pid)
+    _stand_in(sock, pid, replies)
 
 
-def _kernel_request(venv: str, python_args: list[str], config_file: str) -> dict[str, object]:
+def _connect(dirfd: int):  # type: ignore[no-untyped-def]  # -> a _socket or None
+    import _socket
+
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    sock.settimeout(CONNECT_TIMEOUT)
+    try:
+        sock.connect(places.connect_path(dirfd))
+    except OSError:
+        sock.close()
+        return None
+    return sock
+
+
+def _wait_for_server(dirfd: int):  # type: ignore[no-untyped-def]  # -> a _socket or None
+    """A connection to the server still starting up in ``dirfd``, once it listens, if waiting
+    for it is faster than the ordinary start (:mod:`bootstrap.kernels.progress`); else None."""
+    from bootstrap.kernels import progress
+
+    return progress.wait(dirfd, lambda: _connect(dirfd))
+
+
+def _kernel_request(venv: str, python_args: list[str], config_file: str, cwd: str | None = None,
+                    env: dict[str, str] | None = None) -> dict[str, object]:
     """What the server compares with itself before it forks (bootstrap.kernels.admission): the
-    launch, and the venv, generation and config this start would use. The rest of our context
-    the server reads from /proc itself; securebits are not there, so we say them."""
+    launch (in our cwd and environment unless given), and the venv, generation and config this
+    start would use. The rest of our context the server reads from /proc itself; securebits are
+    not there, so we say them."""
     from bootstrap.kernels import libc
 
-    return {"kind": "kernel", "argv": python_args, "cwd": os.getcwd(), "env": dict(os.environ),
+    return {"kind": "kernel", "argv": python_args, "cwd": cwd or os.getcwd(),
+            "env": dict(os.environ) if env is None else env,
             "venv": venv, "generation": os.path.realpath(venv), "config": config_file,
             "securebits": libc.prctl(libc.PR_GET_SECUREBITS)}
 
 
-def _request(sock, request: dict[str, object]) -> int:  # type: ignore[no-untyped-def]  # _socket
-    """Send the request with our descriptors 0-2 and wait until the kernel is forked."""
+def _request(sock, request: dict[str, object], fds: tuple[int, ...] = (0, 1, 2),  # type: ignore[no-untyped-def]  # _socket
+             replies: Replies | None = None) -> int:
+    """Send the request with the descriptors ``fds`` (the kernel's 0-2: the stand-in's own) and
+    wait until the kernel is forked; what the server and the kernel say next is read from
+    ``replies`` (the provisioner's: the kernel's ports)."""
     import _socket
     import struct
 
     data = protocol.encode(request)
-    fds = struct.pack(f"{protocol.N_FDS}i", *range(protocol.N_FDS))
-    sent = sock.sendmsg([data], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fds)])
+    packed = struct.pack(f"{protocol.N_FDS}i", *fds)
+    sent = sock.sendmsg([data], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, packed)])
     if sent < len(data):
         sock.sendall(data[sent:])
-    lines = protocol.Lines()
-    queue: list[bytes] = []
+    replies = Replies(sock) if replies is None else replies
     while True:
-        message = _next(sock, lines, queue)
+        message = replies.next()
         if message is None:
             raise ValueError("the server closed the connection")
         if "pid" in message and isinstance(message["pid"], int):
@@ -120,17 +144,24 @@ def _request(sock, request: dict[str, object]) -> int:  # type: ignore[no-untype
         raise ValueError(str(message.get("error", "unexpected answer")))
 
 
-def _next(sock, lines: protocol.Lines, queue: list[bytes]) -> dict[str, object] | None:  # type: ignore[no-untyped-def]
-    """The next message on ``sock``; None at EOF."""
-    while not queue:
-        chunk = sock.recv(65536)
-        if not chunk:
-            return None
-        queue += lines.feed(chunk)
-    message = protocol.decode(queue.pop(0))
-    if message is None:
-        raise ValueError("a malformed answer")
-    return message
+class Replies:
+    """The messages on a request connection, one at a time."""
+
+    def __init__(self, sock) -> None:  # type: ignore[no-untyped-def]  # a _socket
+        self.sock, self.lines = sock, protocol.Lines()
+        self.queue: list[bytes] = []
+
+    def next(self) -> dict[str, object] | None:
+        """The next message; None at EOF; ValueError for one that is not a JSON object."""
+        while not self.queue:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                return None
+            self.queue += self.lines.feed(chunk)
+        message = protocol.decode(self.queue.pop(0))
+        if message is None:
+            raise ValueError("a malformed answer")
+        return message
 
 
 def _spawn(config_file: str) -> None:
@@ -147,8 +178,8 @@ def _warn(text: str) -> None:
         pass
 
 
-def _stand_in(sock, pid: int) -> None:  # type: ignore[no-untyped-def]
+def _stand_in(sock, pid: int, replies: Replies) -> None:  # type: ignore[no-untyped-def]
     """Be the kernel ``pid`` to our launcher until it ends, then exit as it did."""
     from bootstrap.kernels import standin
 
-    standin.StandIn(sock, pid).run()
+    standin.StandIn(sock, pid, replies.queue, replies.lines).run()

@@ -19,8 +19,8 @@ TIMEOUT = 1.0
 
 def describe(venv: Path) -> dict[str, Any] | None:
     """``{"pid", "generation", "started", "kernels_started", "spares", "kernels", "detached",
-    "serving", "not_serving"}`` of the venv's live server (the last four absent when a server
-    of an earlier version answers); None when none answers within a second."""
+    "serving", "not_serving", "spare_pids"}`` of the venv's live server (the last five absent
+    when a server of an earlier version answers); None when none answers within a second."""
     directory = places.server_dir(str(venv))
     return None if directory is None else _ask(directory)
 
@@ -58,7 +58,8 @@ def query(dirfd: int) -> dict[str, Any] | None:
 # Fields of the info answer a server of an earlier version did not send (issue 35): checked
 # when present, left out when absent.
 _LATER: dict[str, tuple[type, ...]] = {"kernels": (list,), "detached": (bool,),
-                                       "serving": (bool,), "not_serving": (str, type(None))}
+                                       "serving": (bool,), "not_serving": (str, type(None)),
+                                       "spare_pids": (list,)}
 
 
 def _checked(message: dict[str, object]) -> dict[str, Any] | None:
@@ -75,9 +76,10 @@ def _checked(message: dict[str, object]) -> dict[str, Any] | None:
             if not isinstance(message[key], kinds):
                 return None
             fields[key] = message[key]
-    kernels = fields.get("kernels", [])
-    if not (isinstance(kernels, list) and all(_is_pid(k) for k in kernels)):
-        return None
+    for key in ("kernels", "spare_pids"):
+        pids = fields.get(key, [])
+        if not (isinstance(pids, list) and all(_is_pid(k) for k in pids)):
+            return None
     return fields if _is_pid(fields["pid"]) else None
 
 

@@ -14,7 +14,7 @@ live kernel.
 
 Bounded (issue 35): at most three descriptors per connection (:meth:`Pending.take`), a request
 whole within :data:`pending.READ_TIMEOUT`, and no spin when out of descriptors
-(:data:`ACCEPT_BACKOFF`).
+(:class:`pending.Accepting`).
 
 The fork returns the kernel's job up the stack to ``template.main`` (see ``template.BOOT``): the
 loop holds no ``finally`` and no context manager a kernel would run on its way out.
@@ -23,7 +23,6 @@ loop holds no ``finally`` and no context manager a kernel would run on its way o
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import selectors
 import signal
@@ -36,28 +35,22 @@ from typing import Any
 
 from bootstrap.kernels import admission, places, protocol
 from bootstrap.kernels.key import Key
-from bootstrap.kernels.pending import Pending
+from bootstrap.kernels.pending import Accepting, Pending
+from bootstrap.kernels.pool import Pool
 from bootstrap.kernels.preload import Preloaded
 from bootstrap.kernels.serverlog import say
 
 INITIALISING = max(2, min(4, os.cpu_count() or 2))
 SETTLE = 5.0
-# How long the loop stops accepting when it runs out of descriptors: the listening socket stays
-# readable meanwhile, and selecting it made the loop spin (1.16 CPU-s in 3 s at `ulimit -n 64`).
-ACCEPT_BACKOFF = 0.2
-_EXHAUSTED = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 STALE_CHECK = 10.0  # between checks of the key while idle (a stale server holds its generation)
 _STOP = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 class Server:
     detached = False  # started by a kernel start, not by `serve` (template.main sets it)
-    # When accepting resumes, out of descriptors (None: accepting); said once per episode.
-    resume_accept: float | None = None
-    out_of_descriptors = False
 
     def __init__(self, dirfd: int, lockfd: int, key: Key, idle_timeout: float,
-                 served: admission.Server, preloaded: Preloaded) -> None:
+                 served: admission.Server, preloaded: Preloaded, spares: int = 0) -> None:
         self.dirfd, self.lockfd, self.key, self.idle_timeout = dirfd, lockfd, key, idle_timeout
         # What requests are compared with, and what the preload left for each kernel.
         self.served, self.preloaded = served, preloaded
@@ -71,6 +64,9 @@ class Server:
         self.starting: dict[int, tuple[int, float]] = {}  # pid -> (ready pipe, deadline)
         self.last_request = time.monotonic()
         self.stop: str | None = None
+        # Kernels prepared in advance (bootstrap.kernels.spare); none while not serving.
+        self.pool = Pool(spares if served.not_serving is None else 0, self.selector,
+                         served.venv)
 
     def run(self) -> Any:
         """Serve until idle, stale or signalled, then retire (:meth:`_retire`) and return None;
@@ -86,13 +82,13 @@ class Server:
             now = time.monotonic()
             if now >= next_check:
                 next_check = now + STALE_CHECK
-                if not self.out_of_descriptors:  # a scan short of descriptors reads as a change
+                if not self.accepting.short:  # a scan short of descriptors reads as a change
                     self.stop = self.key.stale()
             self._expire(now)
-            job = self._fork_next()
+            job = self._fork_next() or self._refill()
             if job is not None:
                 return job
-            self._resume_accepting(time.monotonic())  # last: listening again if we stop
+            self.accepting.resume(self.stop is not None)  # last: listening again if we stop
         self._close()
         self._retire()
         return None
@@ -114,6 +110,7 @@ class Server:
         self.sock.listen(128)
         self.sock.setblocking(False)
         self.selector.register(self.sock, selectors.EVENT_READ, self._accept)
+        self.accepting = Accepting(self.selector, self.sock, self._accept)
         self.selector.register(self.wake_r, selectors.EVENT_READ, self._signalled)
 
     def _timeout(self, next_check: float) -> float:
@@ -121,7 +118,8 @@ class Server:
         ends = [next_check] + ([] if self.kernels else [self.last_request + self.idle_timeout])
         ends += [p.deadline for p in self.reading.values()]
         ends += [d for _, d in self.starting.values()]
-        ends += [] if self.resume_accept is None else [self.resume_accept]
+        ends += self.accepting.resume_at()
+        ends += self.pool.refill_at()
         return max(0.0, min(ends) - now)
 
     def _signalled(self, fd: int) -> None:
@@ -140,10 +138,9 @@ class Server:
         try:
             conn, _ = sock.accept()
         except OSError as e:
-            if e.errno in _EXHAUSTED:
-                self._pause_accepting(e)
+            self.accepting.pause(e)
             return None
-        self.out_of_descriptors = False
+        self.accepting.short = False
         pid, uid, _ = struct.unpack("3i", conn.getsockopt(
             socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
         if uid != os.getuid():  # the 0700 directory should already stop them: belt and braces
@@ -156,20 +153,6 @@ class Server:
         self.reading[conn.fileno()] = pending
         self.selector.register(conn, selectors.EVENT_READ, self._read)
         return None
-
-    def _pause_accepting(self, error: OSError) -> None:
-        """Stop selecting the listening socket for :data:`ACCEPT_BACKOFF`: what frees a
-        descriptor (a request read or timed out, a kernel forked) runs meanwhile."""
-        if not self.out_of_descriptors:
-            say(f"cannot accept ({error.strerror}): retrying every {ACCEPT_BACKOFF:g} s")
-            self.out_of_descriptors = True
-        self.selector.unregister(self.sock)
-        self.resume_accept = time.monotonic() + ACCEPT_BACKOFF
-
-    def _resume_accepting(self, now: float) -> None:
-        if self.resume_accept is not None and (now >= self.resume_accept or self.stop):
-            self.resume_accept = None
-            self.selector.register(self.sock, selectors.EVENT_READ, self._accept)
 
     def _read(self, conn: socket.socket) -> Any:
         pending = self.reading[conn.fileno()]
@@ -221,6 +204,7 @@ class Server:
             self._answer(pending, {"ordinary": reason})
             return
         pending.request, pending.context = request, context
+        pending.ports = message.get("ports") is True
         self.last_request = time.monotonic()
         self._send(pending.conn, {"queued": True})
         self.queue.append(pending)
@@ -236,7 +220,8 @@ class Server:
 
     def _info(self) -> dict[str, object]:
         return {"pid": os.getpid(), "generation": self.key.generation,
-                "started": self.started, "kernels_started": self.kernels_started, "spares": 0,
+                "started": self.started, "kernels_started": self.kernels_started,
+                "spares": self.pool.ready(), "spare_pids": self.pool.ready_pids(),
                 "kernels": sorted(self.kernels), "detached": self.detached,
                 "serving": self.not_serving is None, "not_serving": self.not_serving}
 
@@ -259,16 +244,41 @@ class Server:
         os.close(ready)
 
     def _fork_next(self) -> Any:
-        while self.queue and len(self.starting) < INITIALISING:
+        while self.queue:
+            claimable = self.pool.ready() > 0
+            if not claimable and len(self.starting) >= INITIALISING:
+                break
             stale = self.key.stale()
             if stale is not None:
                 self.stop = stale
                 return None
-            pending = self.queue.popleft()
-            job = self._fork(pending)
+            if claimable and self._claim(self.queue[0]):
+                self.queue.popleft()
+                continue
+            if len(self.starting) >= INITIALISING:
+                break
+            job = self._fork(self.queue.popleft())
             if job is not None:
                 return job
         return None
+
+    def _kernel_env(self, env: dict[str, str]) -> dict[str, str]:
+        """The environment a kernel gets for a request's ``env`` (see :mod:`preload`)."""
+        loaded = self.preloaded
+        return {**loaded.preload_env, **env, **loaded.kernel_env}
+
+    def _claim(self, pending: Pending) -> bool:
+        """Hand ``pending`` to a ready spare that may take it; False to fork it instead."""
+        assert pending.request is not None and pending.context is not None
+        pid = self.pool.hand(pending, self._kernel_env(pending.request[2]))
+        if pid is not None:
+            self._started_kernel(pid, pending)
+        return pid is not None
+
+    def _refill(self) -> Any:
+        """A new spare when one is wanted (:mod:`pool`); in it, its job."""
+        return self.pool.refill(bool(self.starting or self.queue), self.stop is not None,
+                                self._closing_in_child, self.preloaded.fds)
 
     def _fork(self, pending: Pending) -> Any:
         from bootstrap.kernels import child
@@ -292,21 +302,22 @@ class Server:
             os.close(ready_r)
             argv, cwd, env = pending.request
             assert pending.context is not None
-            loaded = self.preloaded
-            return child.Job(pending.conn, pending.fds, ready_w, argv, cwd,
-                             {**loaded.preload_env, **env, **loaded.kernel_env},
+            return child.Job(pending.conn, pending.fds, ready_w, argv, cwd, self._kernel_env(env),
                              closing=self._closing_in_child, context=pending.context,
-                             preload_fds=loaded.fds)
+                             preload_fds=self.preloaded.fds, ports=pending.ports)
         os.close(ready_w)
+        self.starting[pid] = (ready_r, time.monotonic() + SETTLE)
+        self.selector.register(ready_r, selectors.EVENT_READ, lambda fd, pid=pid: self._ready(pid))
+        self._started_kernel(pid, pending)
+        return None
+
+    def _started_kernel(self, pid: int, pending: Pending) -> None:
         for fd in pending.fds:
             os.close(fd)
         pending.fds = []
         self.kernels_started += 1
         self.kernels[pid] = pending.conn
-        self.starting[pid] = (ready_r, time.monotonic() + SETTLE)
-        self.selector.register(ready_r, selectors.EVENT_READ, lambda fd, pid=pid: self._ready(pid))
         self._send(pending.conn, {"pid": pid})
-        return None
 
     def _ready(self, pid: int) -> None:
         if pid in self.starting:
@@ -322,6 +333,7 @@ class Server:
                 return
             if pid in self.starting:
                 self._started(pid)
+            self.pool.gone(pid)
             conn = self.kernels.pop(pid, None)
             if conn is not None:
                 self._send(conn, {"exit": status})
@@ -338,6 +350,7 @@ class Server:
             pending.close()
         for conn in self.kernels.values():
             conn.close()
+        self.pool.close_in_child()
 
     def _close(self) -> None:
         """Stop listening and let go of the lock before answering those still waiting: a
@@ -350,6 +363,7 @@ class Server:
         self.selector.unregister(self.sock)
         self.sock.close()
         os.close(self.lockfd)
+        self.pool.close()
         for pending in list(self.reading.values()):
             self._done_reading(pending)
             pending.close()

@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # typing's import is not paid on the warm path
 SOCK = "sock"
 LOCK = "lock"
 LOG = "log"
+PROGRESS = "progress"  # how far a starting server is (bootstrap.kernels.progress)
 KERNELS = "kernels"
 _MAX_NAME = 200  # as bootstrap.warm's fingerprint names: longer means no server
 _DIR = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -142,6 +143,41 @@ def open_file(name: str, flags: int, dir_fd: int | None = None) -> int:
         os.close(fd)
         raise Untrusted(1, "is not a regular file of this user's", name)
     return fd
+
+
+def write_record(name: str, fields: dict[str, object], dir_fd: int) -> None:
+    """Write ``name`` (a regular file of ours, :func:`open_file`) as one line of
+    ``key=value`` pairs ending in ``end=1``; best effort. One small ``pwrite``: a reader sees
+    the old line or the new one, and a torn read misses ``end``."""
+    line = (" ".join(f"{k}={v}" for k, v in fields.items()) + " end=1\n").encode()
+    try:
+        fd = open_file(name, os.O_WRONLY | os.O_CREAT, dir_fd=dir_fd)
+    except OSError:
+        return
+    try:
+        os.pwrite(fd, line, 0)
+        os.ftruncate(fd, len(line))
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def read_record(name: str, dir_fd: int) -> dict[str, str]:
+    """What :func:`write_record` wrote in ``name``; empty when there is none (or a torn one)."""
+    try:
+        fd = open_file(name, os.O_RDONLY, dir_fd=dir_fd)
+    except OSError:
+        return {}
+    try:
+        data = os.read(fd, 4096)
+    except OSError:
+        return {}
+    finally:
+        os.close(fd)
+    pairs = [p.split("=", 1) for p in data.decode(errors="replace").split("\n")[0].split()]
+    record = {p[0]: p[1] for p in pairs if len(p) == 2}
+    return record if record.pop("end", None) == "1" else {}
 
 
 def server_running(lock: str, dir_fd: int | None = None) -> bool:

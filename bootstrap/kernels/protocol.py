@@ -13,8 +13,17 @@ forked and ``{"exit": WAIT_STATUS}`` once it is reaped; or with one of ``{"stale
 ordinary way. The kernel holds the server's end of the connection too and adds its own last word,
 ``{"last": EXIT_CODE}``, for when the server is gone by then.
 
+A kernel request may carry ``"ports": true`` (the jupyter_client provisioner's: it wrote a
+connection file with ports 0 and its key, so ipykernel binds ports of its choosing and no other
+process can take them first): the kernel then sends ``{"ports": {"shell_port": N, "iopub_port":
+N, "stdin_port": N, "control_port": N, "hb_port": N}}`` once ``IPKernelApp.initialize()`` has
+bound them, between ``pid`` and ``exit``.
+
 Standard library only: the server imports this in the venv's interpreter, the client on the
-warm path (``json`` is imported lazily there, by the first message).
+warm path. The messages are JSON written and read by ``_json``, json's own C encoder and scanner,
+without the ``json`` package: importing that loads ``re`` and ``enum``, ~8 ms, as much again as
+the rest of a stand-in's hand-off (``bootstrap.cli.lean_run``). Where ``_json`` is missing or
+refuses (another implementation, a changed signature), ``json`` itself does the same.
 """
 
 from __future__ import annotations
@@ -30,13 +39,55 @@ START_VARIABLES = ("LC_ALL", "LC_CTYPE", "LANG", "HOME")
 
 
 def encode(message: dict[str, object]) -> bytes:
-    import json
+    """``json.dumps(message, separators=(",", ":"))`` and a newline."""
+    try:
+        from _json import encode_basestring_ascii, make_encoder
 
-    return json.dumps(message, separators=(",", ":")).encode() + b"\n"
+        # JSONEncoder's own call: circular check on, the default() that refuses, ASCII only,
+        # no indent, compact separators, keys unsorted, none skipped, NaN allowed.
+        text = "".join(make_encoder({}, _refuse, encode_basestring_ascii, None, ":", ",",
+                                    False, False, True)(message, 0))
+    except (ImportError, TypeError, ValueError, RecursionError):
+        import json  # json's own answer, its error included
+
+        text = json.dumps(message, separators=(",", ":"))
+    return text.encode() + b"\n"
+
+
+def _refuse(value: object) -> object:
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
 def decode(line: bytes) -> dict[str, object] | None:
     """The message on ``line``; None when it is not a JSON object."""
+    try:
+        from _json import make_scanner
+    except ImportError:
+        return _decode_json(line)
+    try:
+        text = line.decode().strip(" \t\n\r")
+        scan = make_scanner(_Scanning())  # type: ignore[arg-type]  # JSONDecoder's attributes
+        value, end = scan(text, 0)
+    except (StopIteration, ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        return None
+    except (TypeError, AttributeError, SystemError):
+        # A scanner that wants another context; or a malformed message on 3.10 and 3.11,
+        # whose _json raises json.decoder's error only when that module is loaded already.
+        return _decode_json(line)
+    return value if isinstance(value, dict) and end == len(text) else None
+
+
+class _Scanning:
+    """What ``_json.make_scanner`` reads of a ``json.JSONDecoder``: json.loads' defaults
+    (``float`` reads NaN and Infinity as json's own table does)."""
+
+    strict = True
+    object_hook = object_pairs_hook = None
+    parse_float = parse_constant = float
+    parse_int = int
+
+
+def _decode_json(line: bytes) -> dict[str, object] | None:
     import json
 
     try:

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 def command(config: Config, *, detached: bool, after: int | None = None) -> list[str] | None:
     """The server's argv for ``config``'s venv; None when the venv's path is too long for a
-    server directory. ``after``: a pid whose start the server lets settle before its preload."""
+    server directory. ``after``: a pid whose start the server's preload must not slow down."""
     from bootstrap.kernels.template import BOOT
 
     directory = places.server_dir(str(config.venv))
@@ -32,7 +32,7 @@ def command(config: Config, *, detached: bool, after: int | None = None) -> list
         return None
     settings = {"dir": directory, "venv": str(config.venv), "preload": list(config.kernel_preload),
                 "idle": config.kernel_idle_timeout, "detached": detached, "after": after,
-                "preload_timeout": config.kernel_preload_timeout}
+                "preload_timeout": config.kernel_preload_timeout, "spares": config.kernel_spares}
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     python = str(config.venv / "bin" / "python")
     return [python, "-c", BOOT, "serve", package, "--config", str(config.path or ""),

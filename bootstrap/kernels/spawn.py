@@ -4,10 +4,12 @@ none.
 That start must not get slower (issue 29), so it waits for nothing: it ``posix_spawn``\\s this
 module's :func:`main` in a new session with its stdio on /dev/null and goes on to start its own
 kernel the ordinary way. :func:`main` reads the config (the warm path does not: it holds no
-``kernel-preload``) and execs the server (:mod:`bootstrap.kernels.server`), which lets that first
-kernel settle before its own preload competes with it for the CPU (CoCalc #7139: a refill that
-competes with the kernel being started doubled first starts). A lower priority would not do: an
-unprivileged process cannot raise it again, and kernels inherit it.
+``kernel-preload``) and execs the server (:mod:`bootstrap.kernels.server`), whose preload does
+not compete with that first kernel for the CPU until it settled (CoCalc #7139: a refill that
+competes with the kernel being started doubled first starts): meanwhile, only with a core
+idle, it imports in a thread of the lowest priority (:mod:`bootstrap.kernels.preload`). A lower
+priority for the whole server process would not do: it could not be raised again, and kernels
+inherit it.
 """
 
 from __future__ import annotations

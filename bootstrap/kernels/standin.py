@@ -15,9 +15,14 @@ death by the same signal, re-raised here (SIGKILL too), never with a traceback.
 from __future__ import annotations
 
 import os
-import signal
 
 from bootstrap.kernels import protocol
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import signal
+else:  # the C module signal.py wraps: that module's enum import costs the stand-in ~5 ms
+    import _signal as signal
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
              signal.SIGUSR2)
@@ -30,8 +35,12 @@ _NOT_FATAL = frozenset({signal.SIGSTOP, signal.SIGTSTP, signal.SIGTTIN, signal.S
 
 
 class StandIn:
-    def __init__(self, sock, pid: int) -> None:  # type: ignore[no-untyped-def]  # a _socket
+    def __init__(self, sock, pid: int,  # type: ignore[no-untyped-def]  # a _socket
+                 queued: list[bytes] | None = None, lines: protocol.Lines | None = None) -> None:
+        # What the request's reader had read past ``pid`` (a kernel that ends at once: its
+        # ``exit`` can come in the same read) and its partial line.
         self.sock, self.pid = sock, pid
+        self.queued, self.lines = queued or [], lines or protocol.Lines()
         self.pidfd: int | None = None
         self.parent = _launcher()
 
@@ -61,23 +70,25 @@ class StandIn:
 
     def _wait(self) -> int:
         """The kernel's wait status."""
-        lines, last = protocol.Lines(), None
+        last, queued = None, self.queued
         while True:
-            try:
-                chunk = self.sock.recv(65536)
-            except TimeoutError:
-                self._check_launcher()
-                continue
-            except OSError:
-                chunk = b""
-            if not chunk:
-                return _status(last, signal.SIGKILL)
-            for line in lines.feed(chunk):
+            for line in queued:
                 message = protocol.decode(line) or {}
                 if isinstance(message.get("exit"), int):
                     return message["exit"]  # type: ignore[return-value]
                 if isinstance(message.get("last"), int):
                     last = message["last"]
+            try:
+                chunk = self.sock.recv(65536)
+            except TimeoutError:
+                self._check_launcher()
+                queued = []
+                continue
+            except OSError:
+                chunk = b""
+            if not chunk:
+                return _status(last, signal.SIGKILL)
+            queued = self.lines.feed(chunk)
 
     def _check_launcher(self) -> None:
         """ipykernel's ParentPollerUnix, for the kernel that cannot run it."""

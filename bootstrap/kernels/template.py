@@ -6,11 +6,12 @@ Started by :mod:`bootstrap.kernels.server` as ``<venv>/bin/python -c BOOT serve 
 any process of the venv, and without a ``sys.path`` entry for the tool (``BOOT`` registers the
 ``bootstrap`` package by its directory; the forked kernel drops it again).
 
-Before any request: the preload (:mod:`preload`: a kernel's own imports and ``kernel-preload``,
-bounded in time, checked for threads), the server's own context and what it compares requests
-with (:mod:`admission`), then ``gc.freeze()`` so that forked kernels share those pages instead of
-copying them at their first collection. No thread, zmq context or event loop exists before a
-fork: none survives one.
+Before any request: the preload (:mod:`preload`: a kernel's own imports, overlapping the first
+start without slowing it, and ``kernel-preload``'s, bounded in time, checked for threads; how far
+it is, in ``progress`` for the starts meanwhile: :mod:`progress`), the server's own context and
+what it compares requests with (:mod:`admission`), then ``gc.freeze()`` so that forked kernels
+share those pages instead of copying them at their first collection. No thread, zmq context or
+event loop exists before a fork: none survives one.
 """
 
 from __future__ import annotations
@@ -19,14 +20,10 @@ import gc
 import json
 import os
 import sys
-import time
 
 from bootstrap.kernels import handover, places, preload, title
+from bootstrap.kernels.progress import Progress
 from bootstrap.kernels.serverlog import say
-
-# How long a spawned server waits, at most, for the kernel start that spawned it to settle:
-# its preload would compete with that start for the CPU (CoCalc #7139 doubled first starts so).
-SETTLE_MAX = 10.0
 
 # `-c` puts "" (the start's directory) first on sys.path: the server drops it and works in "/",
 # so that a `sqlite3.py` where the first kernel started is not what every later kernel imports.
@@ -56,9 +53,10 @@ def main(argv: list[str]):  # type: ignore[no-untyped-def]  # -> Callable | None
     if lockfd is None:  # spawned by a kernel start that raced another: that one serves
         say("another kernel server serves this venv")
         return None
-    _settle(settings.get("after"))
     started = dict(os.environ)
-    loaded = preload.run(settings.get("preload", []), float(settings.get("preload_timeout", 60)))
+    extras = settings.get("preload", [])
+    loaded = preload.run(extras, float(settings.get("preload_timeout", 60)), settings.get("after"),
+                         Progress(dirfd, extras))
     if loaded is None:
         sys.exit(1)
     from bootstrap.kernels.admission import Server as Served
@@ -68,7 +66,8 @@ def main(argv: list[str]):  # type: ignore[no-untyped-def]  # -> Callable | None
     key = Key.now(settings["venv"], argv[1])
     served = Served.now(settings["venv"], key.generation, argv[1], started, loaded.not_serving)
     gc.freeze()
-    server = Server(dirfd, lockfd, key, float(settings.get("idle", 900.0)), served, loaded)
+    server = Server(dirfd, lockfd, key, float(settings.get("idle", 900.0)), served, loaded,
+                    spares=int(settings.get("spares", 0)))
     server.detached = detached
     return server.run()
 
@@ -106,21 +105,3 @@ def _lock(dirfd: int) -> int | None:
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return fd
-
-
-def _settle(pid: object) -> None:
-    """Wait until process ``pid`` (the first kernel, which spawned us) used no CPU for 0.2 s,
-    or has ended, at most :data:`SETTLE_MAX` s."""
-    if not isinstance(pid, int) or pid <= 0:
-        return
-    deadline, last, quiet = time.monotonic() + SETTLE_MAX, -1, 0
-    while time.monotonic() < deadline and quiet < 2:
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-        except OSError:
-            return
-        used = int(fields[11]) + int(fields[12])  # utime, stime
-        quiet = quiet + 1 if used == last else 0
-        last = used
-        time.sleep(0.1)

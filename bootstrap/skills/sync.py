@@ -394,6 +394,8 @@ def _finish(sync: _Sync) -> None:
                    if n in sync.skills and n not in current["skills"]},
         "updated": current["updated"],
     }
+    if "bytecode" in current:  # env/bytecode.py's record: nothing the sync decides
+        truth["bytecode"] = current["bytecode"]
     if truth == current:
         return  # already exactly this (a rebuild's marker recorded every skill): no write
     write_marker(sync.config.venv, truth)

@@ -45,11 +45,15 @@ def test_install_ensures_then_writes_a_spec_that_starts_the_kernel_through_run(
         world: World, tmp_path: Path) -> None:
     out = install(world, "--prefix", str(tmp_path / "prefix"))
     path = tmp_path / "prefix" / "share" / "jupyter" / "kernels" / "kernel-bootstrap"
-    # The console script installed beside the interpreter running the CLI (python -m bootstrap
-    # here): an absolute path, so Jupyter's PATH does not matter.
+    # The interpreter running the CLI, without site, on the directory this package came from
+    # (bootstrap.cli.lean_run), then the gate: the console script installed beside that
+    # interpreter (python -m bootstrap here), by absolute path, so Jupyter's PATH does not
+    # matter; the lean entry execs it for anything it does not answer warm.
     script = Path(sys.executable).parent / "kernel-bootstrap"
+    package = Path(kernelspec.__file__).resolve().parents[2]
     assert out == {"name": "kernel-bootstrap", "path": str(path),
-                   "argv": [str(script), "run", "--config", str(world.config), "--", "-m",
+                   "argv": [sys.executable, "-I", "-S", "-c", kernelspec.LEAN_CODE, str(package),
+                            str(script), "run", "--config", str(world.config), "--", "-m",
                             "ipykernel_launcher", "-f", "{connection_file}"]}
     assert world.imports("ipykernel") and world.imports("alpha")
     spec = spec_at(path)
@@ -68,6 +72,26 @@ def test_direct_writes_a_spec_that_starts_the_managed_interpreter_itself(
     assert spec["argv"] == out["argv"] == [str(world.python), "-m", "ipykernel_launcher", "-f",
                                            "{connection_file}"]
     assert "env" not in spec
+
+
+def test_provisioner_names_ours_in_the_spec_and_keeps_the_gates_argv_as_its_fallback(
+        world: World, tmp_path: Path) -> None:
+    plain = install(world, "--prefix", str(tmp_path / "a"))
+    out = install(world, "--prefix", str(tmp_path / "b"), "--provisioner")
+    spec = spec_at(Path(out["path"]))
+    assert spec["argv"] == out["argv"] == plain["argv"]
+    assert spec["metadata"] == {"kernel_bootstrap": {"config": str(world.config),
+                                                     "venv": str(world.venv)},
+                                "kernel_provisioner": {"provisioner_name": kernelspec.PROVISIONER}}
+
+
+def test_provisioner_and_direct_together_are_a_usage_error(world: World, tmp_path: Path) -> None:
+    # --direct has no gate: nothing to fall back to, and no fingerprint kept for the provisioner.
+    result = world.run("kernelspec", "install", "--prefix", str(tmp_path), "--direct",
+                       "--provisioner")
+    assert result.returncode == 2
+    assert "--provisioner: not allowed with argument --direct" in result.stderr
+    assert not (tmp_path / "share").exists()
 
 
 def test_the_spec_carries_the_overrides_in_force_and_no_credentials(

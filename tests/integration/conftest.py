@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from testing import kernels, reaper
+from testing.kernelworlds import KernelWorlds
 from testing.uvlog import Call, real_uv_shim
 from testing.world import World
 
@@ -96,14 +97,15 @@ def real(tmp_path: Path) -> RealWorld:
     return world
 
 
-def with_kernelspec(world: RealWorld, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> RealWorld:
-    """``world`` with its kernelspec installed for the user, in a Jupyter data dir of the test's
-    (which jupyter_client then searches too); the test process's environment becomes the
-    world's, so that what jupyter_client starts (stand-ins, kernels, the servers they spawn)
-    uses its uv and caches."""
+def with_kernelspec(world: RealWorld, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                    *options: str) -> RealWorld:
+    """``world`` with its kernelspec installed for the user (``options``: install's, e.g.
+    ``--provisioner``), in a Jupyter data dir of the test's (which jupyter_client then searches
+    too); the test process's environment becomes the world's, so that what jupyter_client
+    starts (stand-ins, kernels, the servers they spawn) uses its uv and caches."""
     data = tmp_path / "jupyter-data"
     world.env["JUPYTER_DATA_DIR"] = str(data)
-    result = world.run("kernelspec", "install", "--json", timeout=600)
+    result = world.run("kernelspec", "install", "--json", *options, timeout=600)
     assert result.returncode == 0, result.stderr
     monkeypatch.setenv("JUPYTER_DATA_DIR", str(data))
     for key, value in world.env.items():
@@ -111,8 +113,33 @@ def with_kernelspec(world: RealWorld, tmp_path: Path, monkeypatch: pytest.Monkey
     return world
 
 
+@pytest.fixture(scope="session")
+def kernel_worlds(tmp_path_factory: pytest.TempPathFactory) -> KernelWorlds[RealWorld]:
+    """ipykernel worlds, each built once per worker and copied for each test (see
+    testing.kernelworlds)."""
+    return KernelWorlds(_kernel_worlds_base(tmp_path_factory), RealWorld)
+
+
+def _kernel_worlds_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    base = tmp_path_factory.getbasetemp() / "kernel-worlds"  # the worker's
+    base.mkdir(exist_ok=True)
+    return base
+
+
+def kernel_world_copy(worlds: KernelWorlds[RealWorld], monkeypatch: pytest.MonkeyPatch,
+                      skills: tuple[str, ...] = (),
+                      options: tuple[str, ...] = ("--json",)) -> RealWorld:
+    """What :func:`with_kernelspec` makes of a world with ``skills`` and ipykernel as its
+    runtime, a copy of one built once (``world/jupyter-data`` its Jupyter data dir); the test
+    process's environment becomes the world's."""
+    world = worlds.world(skills, options)
+    for key, value in world.env.items():
+        monkeypatch.setenv(key, value)
+    return world
+
+
 @pytest.fixture(autouse=True)
-def no_kernel_left(tmp_path: Path) -> Iterator[None]:
+def no_kernel_left(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """After each test, no kernel, stand-in or kernel server of the test is left running: its
     servers get SIGTERM (they outlive a test by design, up to their idle timeout), its kernels a
     few seconds to end; whatever is left is killed and fails the test (testing.kernels).
@@ -121,8 +148,8 @@ def no_kernel_left(tmp_path: Path) -> Iterator[None]:
     tag = os.environ.get(reaper.TAG)
     home = Path(os.environ["HOME"])
     yield
-    if sys.platform == "linux":
-        kernels.assert_no_orphans(tag, [tmp_path, home])
+    if sys.platform == "linux":  # the test's world may be a copy in the worker's kernel worlds
+        kernels.assert_no_orphans(tag, [tmp_path, home, _kernel_worlds_base(tmp_path_factory)])
 
 
 def _worker_ports() -> None:

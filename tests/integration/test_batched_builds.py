@@ -63,6 +63,11 @@ def flat_skill(real: RealWorld, name: str) -> None:
 
 
 def test_batched_installs_match_uvs_own_and_stay_fresh_for_uv(real: RealWorld) -> None:
+    # Known and left open (issue 36's closing note): with bytecode written into the skills'
+    # trees during the run, uv under load now and then judges our editables stale while it
+    # judges its own (with the same uv_cache.json) fresh. Without bytecode writes, as here,
+    # the records must agree.
+    real.env["PYTHONDONTWRITEBYTECODE"] = "1"
     real.skill("alpha")
     real.skill("beta")
     real.skill("gamma", deps=("alpha",))

@@ -4,24 +4,23 @@ they go through ``kernel-bootstrap run``, so what changed since the install is t
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.integration.conftest import RealWorld, with_kernelspec
+from testing.kernelworlds import KernelWorlds
+from tests.integration.conftest import RealWorld, kernel_world_copy
 
 jupyter_client = pytest.importorskip("jupyter_client")
 
 
 @pytest.fixture
-def kernel_world(real: RealWorld, tmp_path: Path,
+def kernel_world(kernel_worlds: KernelWorlds[RealWorld],
                  monkeypatch: pytest.MonkeyPatch) -> Iterator[RealWorld]:
     """A world whose runtime is ipykernel, with its kernelspec installed for the user (in a
-    Jupyter data dir of the test's, which jupyter_client then searches too)."""
-    real.write_config(requirements=["ipykernel>=6"])
-    real.skill("alpha")
-    yield with_kernelspec(real, tmp_path, monkeypatch)
+    Jupyter data dir of the world's, which jupyter_client then searches too). A copy of one
+    built once."""
+    yield kernel_world_copy(kernel_worlds, monkeypatch, skills=("alpha",))
 
 
 def run_in_kernel(code: str) -> tuple[dict[str, Any], str, int]:
@@ -49,7 +48,8 @@ def run_in_kernel(code: str) -> tuple[dict[str, Any], str, int]:
 
 def test_the_kernelspec_starts_the_kernel_through_run(kernel_world: RealWorld) -> None:
     spec = jupyter_client.kernelspec.KernelSpecManager().get_kernel_spec("kernel-bootstrap")
-    assert spec.argv[1:4] == ["run", "--config", str(kernel_world.config)]
+    assert spec.argv[1:3] == ["-I", "-S"]  # the lean entry (bootstrap.cli.lean_run)
+    assert spec.argv[7:10] == ["run", "--config", str(kernel_world.config)]
 
 
 def test_a_skill_added_after_the_install_imports_in_a_kernel_jupyter_starts(

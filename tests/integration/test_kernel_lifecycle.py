@@ -20,8 +20,9 @@ from typing import Any
 import pytest
 
 from testing import kernels, reaper
+from testing.kernelworlds import KernelWorlds
 from testing.processes import alive, default_signals, spawn, wait_for
-from tests.integration.conftest import RealWorld, with_kernelspec
+from tests.integration.conftest import RealWorld, kernel_world_copy
 
 pytest.importorskip("jupyter_client")
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the kernel server is Linux only")
@@ -32,15 +33,15 @@ SERVER_UP = 120.0
 
 
 @pytest.fixture
-def kernel_world(real: RealWorld, tmp_path: Path,
+def kernel_world(kernel_worlds: KernelWorlds[RealWorld],
                  monkeypatch: pytest.MonkeyPatch) -> Iterator[RealWorld]:
     """ipykernel as the runtime, a skill, the kernelspec installed in a Jupyter data dir of the
-    test's; jupyter_client then starts kernels with the world's environment."""
-    real.env.pop("KERNEL_BOOTSTRAP_KERNEL_SERVER", None)
+    world's; jupyter_client then starts kernels with the world's environment. A copy of one
+    built once."""
     monkeypatch.delenv("KERNEL_BOOTSTRAP_KERNEL_SERVER", raising=False)
-    real.write_config(requirements=["ipykernel>=6"])
-    real.skill("alpha")
-    yield with_kernelspec(real, tmp_path, monkeypatch)
+    world = kernel_world_copy(kernel_worlds, monkeypatch, skills=("alpha",))
+    world.env.pop("KERNEL_BOOTSTRAP_KERNEL_SERVER", None)
+    yield world
 
 
 def whoami(kernel: kernels.Started, imports: str = "") -> tuple[int, str]:
@@ -83,7 +84,7 @@ def test_the_first_start_is_ordinary_and_spawns_a_server_that_serves_the_next(
         assert whoami(first)[0] == first.pid
     up = server_up(kernel_world)
     assert set(up) == {"pid", "generation", "started", "kernels_started", "spares", "kernels",
-                       "detached", "serving", "not_serving"}
+                       "detached", "serving", "not_serving", "spare_pids"}
     assert up["detached"] is True and up["kernels"] == []  # a kernel start spawned it
     assert up["generation"] == str(kernel_world.venv.resolve())
     second = served_kernel(kernel_world)

@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from testing import innerpytest, kernels, reaper
+from testing.kernelworlds import KernelWorlds
 from testing.processes import default_signals, wait_for
-from tests.integration.conftest import RealWorld
+from tests.integration.conftest import RealWorld, kernel_world_copy
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
 
@@ -174,17 +175,12 @@ def test_the_fixture_fails_a_test_that_leaves_a_kernel_running(tmp_path: Path) -
 
 
 @pytest.fixture
-def bare_kernelspec(real: RealWorld, tmp_path: Path,
+def bare_kernelspec(kernel_worlds: KernelWorlds[RealWorld],
                     monkeypatch: pytest.MonkeyPatch) -> str:
     """A world whose runtime is ipykernel, with its `--direct` kernelspec (the interpreter
-    itself) in a Jupyter data dir of the test's; jupyter_client starts it with our environment,
-    made the world's."""
-    real.write_config(requirements=["ipykernel>=6"])
-    real.env["JUPYTER_DATA_DIR"] = str(tmp_path / "jupyter-data")
-    result = real.run("kernelspec", "install", "--direct", "--name", "kb-bare", timeout=600)
-    assert result.returncode == 0, result.stderr
-    for key, value in real.env.items():
-        monkeypatch.setenv(key, value)
+    itself) in a Jupyter data dir of the world's; jupyter_client starts it with our
+    environment, made the world's. A copy of one built once."""
+    kernel_world_copy(kernel_worlds, monkeypatch, options=("--direct", "--name", "kb-bare"))
     return "kb-bare"
 
 

@@ -19,8 +19,9 @@ from typing import Any
 import pytest
 
 from testing import kernels
+from testing.kernelworlds import KernelWorlds
 from testing.processes import alive, wait_for
-from tests.integration.conftest import RealWorld, with_kernelspec
+from tests.integration.conftest import RealWorld, kernel_world_copy
 
 pytest.importorskip("jupyter_client")
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the kernel server is Linux's")
@@ -53,13 +54,12 @@ SELF = textwrap.dedent("""\
 
 
 @pytest.fixture
-def kernel_world(real: RealWorld, tmp_path: Path,
+def kernel_world(kernel_worlds: KernelWorlds[RealWorld],
                  monkeypatch: pytest.MonkeyPatch) -> Iterator[RealWorld]:
     """A world whose runtime is ipykernel, its kernelspec installed for the user (as in
     test_jupyter.py); the test process's environment is the world's, so what jupyter_client
-    starts (stand-ins, the server they spawn) shares its caches."""
-    real.write_config(requirements=["ipykernel>=6"])
-    yield with_kernelspec(real, tmp_path, monkeypatch)
+    starts (stand-ins, the server they spawn) shares its caches. A copy of one built once."""
+    yield kernel_world_copy(kernel_worlds, monkeypatch)
 
 
 def describe(world: RealWorld) -> dict[str, Any] | None:

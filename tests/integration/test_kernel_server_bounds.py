@@ -22,7 +22,7 @@ import pytest
 
 from testing import kernels
 from testing.processes import wait_for
-from tests.integration import test_kernel_server
+from tests.integration import test_kernel_server, test_kernel_spares
 from tests.integration.conftest import RealWorld
 from tests.integration.test_kernel_server import (
     SPEC,
@@ -128,8 +128,10 @@ def test_out_of_descriptors_the_server_waits_without_spinning_and_serves_again(
     limits = resource.prlimit(server, resource.RLIMIT_NOFILE)
     # `ulimit -n` at what it holds: every descriptor it could open is taken, so it cannot
     # accept the next connection (EMFILE) while that connection waits in its backlog.
-    # Once the connection `describe` made is closed (it answered before closing it).
-    wait_for(lambda: len(sockets(server)) == 1)  # its listening socket
+    # Once the connection `describe` made is closed (it answered before closing it), and its
+    # spare is ready (each spare holds one end of a socket pair to it).
+    spares = test_kernel_spares.spare_pids(kernel_world)
+    wait_for(lambda: len(sockets(server)) == 1 + len(spares))  # its listening socket
     resource.prlimit(server, resource.RLIMIT_NOFILE, (lowest_free(server), limits[1]))
     try:
         with connected(kernel_world) as sock:

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from bootstrap.kernels import protocol
+
+PACKAGE_PARENT = Path(protocol.__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("args, module", [
@@ -52,3 +58,49 @@ def test_a_request_is_checked_field_by_field() -> None:
                                      {"env": []}]
     for bad in bads:
         assert protocol.valid_request({**good, **bad}) is None
+
+
+_MESSAGES: list[dict[str, object]] = [
+    {"kind": "kernel", "argv": ["-m", "ipykernel_launcher", "-f", "/tmp/ü.json"],
+     "env": {"A": "é\n\"\\\x01\U0001f600", "B": ""}, "securebits": 0, "big": 2**70,
+     "f": 1.5, "t": True, "x": None, "nested": {"a": [1, {"b": []}]}},
+    {}, {"pid": 3}, {"exit": 256}, {"ordinary": "PYTHONPATH differs"},
+]
+
+
+@pytest.mark.parametrize("message", _MESSAGES)
+def test_messages_are_json_as_the_json_module_writes_and_reads_it(
+        message: dict[str, object]) -> None:
+    import json
+
+    line = protocol.encode(message)
+    assert line == json.dumps(message, separators=(",", ":")).encode() + b"\n"
+    assert protocol.decode(line) == json.loads(line) == message
+    assert protocol.decode(b"  " + line + b"\r\n") == message
+
+
+@pytest.mark.parametrize("line", [b"[1]", b"{", b"", b" ", b'{"a":1} x', b'{"a":1}{}', b"\xff",
+                                  b'"s"', b'{"a":"\x01"}', b'{"a": 01}', b"nul"])
+def test_a_line_that_is_no_json_object_decodes_to_none(line: bytes) -> None:
+    assert protocol.decode(line) is None
+
+
+def test_what_json_refuses_to_write_is_refused_alike() -> None:
+    circular: dict[str, object] = {}
+    circular["c"] = circular
+    with pytest.raises(ValueError, match="Circular"):
+        protocol.encode(circular)
+    with pytest.raises(TypeError, match="not JSON serializable"):
+        protocol.encode({"a": object()})
+
+
+def test_the_messages_need_no_json_package() -> None:
+    # The stand-in's hand-off: importing json (re, enum) would cost it ~8 ms (bootstrap.cli).
+    # (A malformed message may import it: on 3.10 and 3.11 only json raises the error.)
+    code = ("import sys; from bootstrap.kernels import protocol as p\n"
+            "assert p.decode(p.encode({'a': [1, 'x']})) == {'a': [1, 'x']}\n"
+            "print(sorted({'json', 're', 'enum'} & set(sys.modules)))")
+    done = subprocess.run([sys.executable, "-I", "-S", "-c",
+                           f"import sys; sys.path.append({str(PACKAGE_PARENT)!r})\n{code}"],
+                          capture_output=True, text=True, check=True)
+    assert done.stdout == "[]\n"

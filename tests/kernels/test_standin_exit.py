@@ -40,3 +40,18 @@ def test_the_stand_in_exits_as_the_kernel_did_without_a_traceback(status: int, c
                    "from bootstrap.kernels.standin import _exit_as\n"
                    f"_exit_as({status})")
     assert (done.returncode, done.stderr) == (code, "")
+
+
+def test_an_exit_read_with_the_pid_is_the_stand_ins_answer() -> None:
+    """A kernel that ends as it starts: the server's ``pid`` and ``exit`` arrive in one read;
+    the stand-in exits with that status (it once took the next read's EOF for a SIGKILL)."""
+    done = python(
+        "import os, socket\n"
+        "from bootstrap.kernels import client\n"
+        "ours, server = socket.socketpair()\n"
+        "server.sendall(b'{\"queued\":true}\\n{\"pid\":999999}\\n{\"exit\":1792}\\n')\n"
+        "server.shutdown(socket.SHUT_WR)  # EOF after it: only the exit read with the pid says\n"
+        "replies = client.Replies(ours)\n"
+        "pid = client._request(ours, {'kind': 'kernel'}, replies=replies)\n"
+        "client._stand_in(ours, pid, replies)\n")
+    assert (done.returncode, done.stderr) == (7, "")

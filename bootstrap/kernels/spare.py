@@ -1,0 +1,300 @@
+"""Spares: kernels prepared before anyone asks, each claimed by one request in a few ms.
+
+A spare is a fork of the server (``kernel-spares`` of them, default 1) that runs the parts of
+``IPKernelApp.initialize()`` no request can change: the app and its config, the profile, the
+zmq context and sockets (created, not bound: ``_bind_socket`` is deferred), the kernel object,
+the InteractiveShell and its history, extensions. Then it waits on its control socket, using no
+CPU. A claim (:func:`claim`) hands it the request; it becomes the kernel as a forked one does
+(:mod:`child`: descriptors, confinement, cwd, environment, fresh state, the watchdog) and runs
+``-m ipykernel_launcher`` itself, whose ``initialize()`` is then only what depends on the
+request: the connection file (ports, key, transport, CurveZMQ keys), binding, the heartbeat,
+the connection file written back, standard streams, the threads, the shell's environment
+(``TERM``, ``MPLBACKEND``, ``__session__``), a new history session (its start is the claim's
+time: the spare's own was never written), ``_dh`` (the claim's cwd), and the startup files and
+``exec_lines`` (run in the request's cwd and environment, as a bare start runs them).
+
+What a spare read before its claim that a request can change, it tells the server when it is
+ready (:mod:`spare_reads`): every environment variable the preparation looked up, and the
+stamps of the files and directories its config came from. A request whose environment differs
+in one of those, or that finds a stamp changed, is forked the ordinary served way instead
+(:func:`spare_reads.refusal`), and a changed stamp retires the spare. A request whose argv is
+more than ``-m ipykernel_launcher -f FILE`` is forked too: the spare parsed no command line.
+
+Runs in the spare, in the venv's interpreter: standard library and the kernel's own modules.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import socket
+import struct
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from bootstrap.kernels import child, context, protocol, spare_reads, title
+
+_SOCKETS = ("shell_port", "stdin_port", "control_port", "iopub_port")  # init_sockets' order
+_MAX_CLAIM = 8 * 1024 * 1024
+
+
+def claim_message(argv: list[str], cwd: str, env: dict[str, str], ctx: context.Context,
+                  ports: bool) -> bytes:
+    """The claim, length-prefixed: a pickle, since only the server holds the other end of the
+    spare's socket (its own fork)."""
+    data = pickle.dumps((argv, cwd, env, ctx, ports))
+    return struct.pack("!I", len(data)) + data
+
+
+# -- in the spare --------------------------------------------------------------------------------
+
+@dataclass
+class SpareJob:
+    """What a forked spare runs at the top level of ``BOOT`` (as :class:`child.Job`)."""
+
+    ctrl: socket.socket
+    venv: str
+    closing: Callable[[], None]
+    preload_fds: frozenset[int]
+
+    def __call__(self) -> None:
+        os.setsid()
+        title.set_title(["kernel-bootstrap", "kernel", "spare", self.venv])
+        self.closing()
+        child.default_signals()
+        child.close_descriptors({0, 1, 2, self.ctrl.fileno()}, self.preload_fds)
+        held = _hold_output()
+        try:
+            prepared = _prepare()
+        except BaseException as e:  # any failure: no spare, the server is told
+            _send(self.ctrl, {"failed": f"{type(e).__name__}: {e}"})
+            os._exit(1)
+        _send(self.ctrl, {"ready": True, "env": None if prepared.env is None
+                          else sorted(prepared.env), "stamps": prepared.stamps})
+        request, fds = _receive(self.ctrl)  # exits when the server is gone
+        self.ctrl.close()
+        _claimed(prepared, request, fds, held)
+
+
+@dataclass
+class Prepared:
+    app: Any
+    binds: list[Any]  # the zmq sockets whose bind was deferred, in init_sockets' order
+    starts: list[Callable[[], None]]  # the threads whose start was deferred
+    env: frozenset[str] | None
+    stamps: dict[str, str]
+    sys_path: list[str]  # before the preparation: init_path's insertion is redone at the claim
+
+
+def _prepare() -> Prepared:
+    app = _module("ipykernel.kernelapp").IPKernelApp.instance()
+    binds: list[Any] = []
+    starts: list[Callable[[], None]] = []
+    sys_path = list(sys.path)
+
+    def bind_later(sock: Any, port: int) -> int:
+        binds.append(sock)
+        return 0
+
+    app._bind_socket = bind_later
+    with spare_reads.recording_env() as looked_up, _deferred(app, starts):
+        _initialize(app)
+    del app._bind_socket  # the class's, at the claim
+    return Prepared(app, binds, starts, looked_up.names, spare_reads.stamps(app), sys_path)
+
+
+def _initialize(app: Any) -> None:
+    """``IPKernelApp.initialize()`` without what depends on the request (see the module
+    docstring): the same steps, in the same order."""
+    import types
+
+    _module("IPython.core.application").BaseIPythonApplication.initialize(app, [])
+    app.init_pdb()
+    app.init_blackhole()
+    app.poller = None  # the stand-in watches the launcher (bootstrap.kernels.child)
+    app.init_sockets()
+    app.init_signal()
+    app.displayhook = types.SimpleNamespace()  # init_io makes the real one at the claim
+    app.init_kernel()
+    app.init_path()
+    app.init_shell()
+    if app.shell:
+        app.init_gui_pylab()
+        app.init_extensions()
+
+
+@contextlib.contextmanager
+def _deferred(app: Any, starts: list[Callable[[], None]]) -> Iterator[None]:
+    """Threads are started at the claim, once their sockets are bound (zmq sockets are not
+    thread-safe: a thread polling a socket while another binds it is a race), and the history
+    session is started at the claim (its start time is the kernel's)."""
+    IOPubThread = _module("ipykernel.iostream").IOPubThread
+    HistoryManager = _module("IPython.core.history").HistoryManager
+
+    iopub_start, new_session = IOPubThread.start, HistoryManager.new_session
+    IOPubThread.start = lambda thread: starts.append(lambda: iopub_start(thread))
+    HistoryManager.new_session = lambda self, conn=None: None
+    init_kernel = type(app).init_kernel
+
+    def threads_later(self: Any) -> None:
+        for thread in (self.control_thread, self.shell_channel_thread):
+            if thread is not None:
+                thread.start = (lambda t=thread: starts.append(lambda: type(t).start(t)))
+        init_kernel(self)
+        for thread in (self.control_thread, self.shell_channel_thread):
+            if thread is not None:
+                del thread.start
+
+    app.init_kernel = threads_later.__get__(app)
+    try:
+        yield
+    finally:
+        IOPubThread.start, HistoryManager.new_session = iopub_start, new_session
+        del app.init_kernel
+
+
+def _send(ctrl: socket.socket, message: dict[str, object]) -> None:
+    with contextlib.suppress(OSError):
+        ctrl.sendall(protocol.encode(message))
+
+
+def _receive(ctrl: socket.socket) -> tuple[tuple[Any, ...], list[int]]:
+    """The claim and its descriptors (the kernel's 0-2 and its request connection); exits
+    when the server closed its end (it stopped, or was killed)."""
+    data, fds, _, _ = socket.recv_fds(ctrl, 65536, protocol.N_FDS + 1)
+    while data and (len(data) < 4 or len(data) < 4 + struct.unpack("!I", data[:4])[0]):
+        if len(data) > _MAX_CLAIM:
+            break
+        more = ctrl.recv(65536)
+        if not more:
+            break
+        data += more
+    if len(fds) != protocol.N_FDS + 1 or len(data) < 4 \
+            or len(data) != 4 + struct.unpack("!I", data[:4])[0]:
+        os._exit(0)
+    return pickle.loads(data[4:]), fds
+
+
+def _hold_output() -> list[int]:
+    """What the preparation prints (ipykernel's warning about TCP, a config's output) is the
+    kernel's, as a bare start prints it: kept in memory files on 1 and 2 until the claim gives
+    the kernel its own."""
+    held = []
+    for target in (1, 2):
+        fd = os.memfd_create(f"kernel-bootstrap-spare-{target}", os.MFD_CLOEXEC)
+        os.dup2(fd, target)
+        held.append(fd)
+    return held
+
+
+def _replay(held: list[int]) -> None:
+    for target, fd in zip((1, 2), held):  # noqa: B905  # 3.9 too
+        with contextlib.suppress(OSError):  # the launcher's end is closed: nobody reads it
+            data = os.pread(fd, os.fstat(fd).st_size, 0)
+            while data:
+                data = data[os.write(target, data):]
+        os.close(fd)
+
+
+def _claimed(prepared: Prepared, request: tuple[Any, ...], fds: list[int],
+             held: list[int]) -> None:
+    argv, cwd, env, ctx, ports = request
+    conn = socket.socket(fileno=fds[3])
+    title.set_title([sys.orig_argv[0], *argv])
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    for target, fd in enumerate(fds[:3]):
+        os.dup2(fd, target)
+        os.close(fd)
+    _replay(held)
+    child.fresh_streams()
+    child.confine(ctx)
+    sys.path[:] = prepared.sys_path
+    child.environment(argv, cwd, env)
+    child.fresh_state()
+    code = [0]
+    child.last_word(conn, code)
+    _finish_at_launch(prepared, argv[3], conn if ports else None)
+    child.run_module(argv[1], code)
+
+
+def _finish_at_launch(prepared: Prepared, connection_file: str,
+                      ports: socket.socket | None) -> None:
+    """Make the launcher's ``IPKernelApp.initialize()`` (``launch_instance`` finds the prepared
+    app: it is the singleton) do the rest of the start."""
+    app = prepared.app
+
+    def initialize(self: Any, argv: list[str] | None = None) -> None:
+        _finish(prepared, connection_file)
+        if ports is not None:
+            child._send_ports(ports, self)
+
+    type(app).initialize = initialize
+
+
+def _finish(prepared: Prepared, connection_file: str) -> None:
+    """What ``initialize()`` does after the preparation, for this request."""
+    app = prepared.app
+    app.connection_file = connection_file
+    # Defaults ipykernel computed from the environment when it was imported (the server's).
+    app.parent_handle = int(os.environ.get("JPY_PARENT_PID") or 0)
+    app.interrupt = int(os.environ.get("JPY_INTERRUPT_EVENT") or 0)
+    app.init_connection_file()
+    child.patient_binds()
+    kind = type(app)
+    for sock, name in zip(prepared.binds, _SOCKETS):  # noqa: B905  # 3.9 too
+        app._apply_curve_server_options(sock)
+        setattr(app, name, kind._bind_socket(app, sock, getattr(app, name)))
+    shell_endpoint = app.shell_socket.getsockopt(_zmq().LAST_ENDPOINT)
+    if shell_endpoint:
+        app._apply_curve_client_options(app.debug_shell_socket)
+        app.debug_shell_socket.connect(shell_endpoint)
+    for start in prepared.starts[:1]:  # the IOPub thread: init_io's streams need it
+        start()
+    app.init_heartbeat()
+    app.write_connection_file()
+    app.log_connection_info()
+    app.init_io()
+    kernel = app.kernel
+    app.displayhook.get_execution_count = lambda: kernel.execution_count
+    for start in prepared.starts[1:]:
+        start()
+    kernel.record_ports({name + "_port": port for name, port in app._ports.items()})
+    _fresh_shell(app)
+    app.init_code()
+    sys.stdout.flush()
+    sys.stderr.flush()
+
+
+def _fresh_shell(app: Any) -> None:
+    """What the shell and the kernel read from the environment and the cwd as they were made."""
+    shell = app.shell
+    if shell is None:
+        return
+    shell.init_environment()
+    if not os.environ.get("MPLBACKEND"):
+        os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
+    session = os.environ.get("JPY_SESSION_NAME")
+    if session:
+        shell.user_ns["__session__"] = session
+    history = getattr(shell, "history_manager", None)
+    if history is not None:
+        history.dir_hist[:] = [os.getcwd()]
+        with contextlib.suppress(Exception):  # as HistoryManager.__init__: history unsaved
+            history.new_session()
+    app.init_path()
+
+
+def _zmq() -> Any:
+    return _module("zmq")
+
+
+def _module(name: str) -> Any:
+    """A module of the kernel's (the venv's, not the tool's: no stubs for the type checker)."""
+    import importlib
+
+    return importlib.import_module(name)

@@ -1,0 +1,133 @@
+"""Parts of scripts/bench_kernel.py (it imports this module): the kernel-start figures issue 36
+added (starts through ``wait_for_ready``, what most launchers call; the back-to-back starts
+after a server-less first one; bursts counted by the kernels they lost rather than run again),
+a process's PSS, and the warm ``run`` against a bare interpreter.
+
+Not a benchmark of its own: bench_kernel.py's world, kernelspecs and interleaving are used.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench_lib import KERNEL_BOOTSTRAP, Timing, check, median, quartiles, run_timed
+from bench_report import Table, ms, ratio
+
+from testing import kernels
+from testing.world import World
+
+
+def ready_start(name: str, quiet: dict[str, Any], before: Callable[[], None],
+                after: Callable[[], None]) -> Timing:
+    """start_kernel -> ``wait_for_ready`` returning, as a launcher that waits for the kernel
+    sees it (jupyter_client's client flushes IOPub before it says ready)."""
+    from jupyter_client.manager import KernelManager
+
+    before()
+    manager = KernelManager(kernel_name=name)
+    began = time.perf_counter()
+    manager.start_kernel(**quiet)
+    client = manager.client()
+    client.start_channels()
+    try:
+        client.wait_for_ready(timeout=120)
+        seconds = time.perf_counter() - began
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+        after()
+    return Timing(seconds, 0.0)
+
+
+def ordinary(pid: int) -> bool:
+    """Whether the launched process ``pid`` became the kernel (the ordinary start: the gate
+    exec'd the venv's interpreter) rather than staying its stand-in (served)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return argv[1:3] == [b"-m", b"ipykernel_launcher"]
+
+
+@dataclass
+class BackToBack:
+    seconds: list[float]  # start_kernel -> kernel_info reply of starts 1, 2, 3
+    served: list[bool]
+
+
+def back_to_back(name: str, quiet: dict[str, Any], no_server: Callable[[], None],
+                 after: Callable[[], None], n: int = 3) -> BackToBack:
+    """``n`` starts of ``name``, each right after the previous one's reply (all kept running,
+    as a user opening notebooks), the first with no server."""
+    no_server()
+    started: list[kernels.Started] = []
+    try:
+        for _ in range(n):
+            started.append(kernels.start(name, **quiet))
+        return BackToBack([k.seconds for k in started],
+                          [not ordinary(k.pid) for k in started])
+    finally:
+        kernels.stop_all(started)
+        after()
+
+
+def lost_in_burst(name: str, n: int, quiet: dict[str, Any]) -> tuple[float, int]:
+    """``n`` kernels of ``name`` at once: (wall until the last answered or died, how many died
+    before answering)."""
+    burst, errors = kernels.start_each(name, n, **quiet)
+    kernels.stop_all(burst.kernels)
+    return burst.wall, len(errors)
+
+
+def b2b_table(pairs: list[BackToBack]) -> Table:
+    rows = [[str(i + 1), ms(median(p.seconds[i] for p in pairs)),
+             f"{sum(p.served[i] for p in pairs)}/{len(pairs)}"] for i in range(3)]
+    return Table("Three starts back to back, the first with no server",
+                 ["start", "median ms", "served"], rows,
+                 [f"{len(pairs)} rounds; each start right after the previous one's kernel_info "
+                  "reply, all three kept running; the server stopped before each round."])
+
+
+def pss_kib(pid: int) -> int:
+    """The proportional set size of ``pid`` (KiB): its private pages plus its share of those it
+    shares, so the sum over processes is what they cost together (0 if it has ended)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def fast_variants(world: World) -> dict[str, Callable[[], Timing]]:
+    config = ["--config", str(world.config)]
+    argvs: dict[str, list[str | Path]] = {
+        "`python -c pass` (the venv's)": [world.python, "-c", "pass"],
+        "`kernel-bootstrap run -- -c pass`": [KERNEL_BOOTSTRAP, "run", *config, "--", "-c",
+                                              "pass"],
+        "`kernel-bootstrap ensure`": [KERNEL_BOOTSTRAP, "ensure", *config],
+    }
+    for argv in argvs.values():
+        check(argv, world.env)  # each works, and the first run's compile is not timed
+    return {name: functools.partial(run_timed, argv, world.env) for name, argv in argvs.items()}
+
+
+def fast_table(times: dict[str, list[Timing]], rounds: int) -> Table:
+    base = median(t.wall for t in times["`python -c pass` (the venv's)"])
+    rows = []
+    for name, runs in times.items():
+        wall = [t.wall for t in runs]
+        q1, q3 = quartiles(wall)
+        rows.append([name, ms(median(wall)), f"{ms(q1)}-{ms(q3)}", ratio(median(wall), base),
+                     ms(median(t.cpu for t in runs))])
+    return Table("Warm `run` against a bare interpreter start",
+                 ["command", "median ms", "IQR ms", "vs python -c pass", "CPU ms"], rows,
+                 [f"Median of {rounds} interleaved rounds; `run` is the warm check, then an "
+                  "exec of the same interpreter: two interpreter starts in one process."])
