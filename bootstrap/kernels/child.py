@@ -247,7 +247,7 @@ def _ipykernel_hooks(ready: int, ports: socket.socket | None = None) -> None:
 
     def initialized(self: object, argv: list[str] | None = None) -> None:
         try:
-            initialize(self, argv)
+            failing(initialize, self, argv)
             if ports is not None:
                 _send_ports(ports, self)
         finally:
@@ -260,6 +260,23 @@ def _ipykernel_hooks(ready: int, ports: socket.socket | None = None) -> None:
     app.initialize = initialized
     app.init_poller = no_poller
     patient_binds()
+
+
+def failing(initialize: Callable[..., None], *args: Any) -> None:
+    """``IPKernelApp.initialize`` that ends the kernel at once when it raises: ipykernel's exit
+    hook then waits for its zmq context, which a socket the failed start left open (an IOPub
+    port another process holds) keeps forever, and the launcher waited on a silent kernel.
+    The traceback is printed as the interpreter would; ``exit()`` (a usage error) is left to
+    end the kernel as it does."""
+    try:
+        initialize(*args)
+    except Exception:
+        import traceback
+
+        traceback.print_exc()
+        with contextlib.suppress(Exception):
+            sys.stderr.flush()
+        os._exit(1)
 
 
 # How long a kernel keeps asking for a port of its connection file that another process holds.
@@ -282,8 +299,9 @@ def patient_binds() -> None:
             while True:
                 try:
                     return bind(*args)
-                except OSError as e:  # zmq.ZMQError is an OSError with the errno
-                    if e.errno != errno.EADDRINUSE or time.monotonic() >= deadline:
+                except Exception as e:  # zmq.ZMQError: not an OSError, but with its errno
+                    if getattr(e, "errno", None) != errno.EADDRINUSE \
+                            or time.monotonic() >= deadline:
                         raise
                     time.sleep(0.02)
 

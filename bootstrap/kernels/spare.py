@@ -229,7 +229,7 @@ def _finish_at_launch(prepared: Prepared, connection_file: str,
     app = prepared.app
 
     def initialize(self: Any, argv: list[str] | None = None) -> None:
-        _finish(prepared, connection_file)
+        child.failing(_finish, prepared, connection_file)
         if ports is not None:
             child._send_ports(ports, self)
 

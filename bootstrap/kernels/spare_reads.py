@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bootstrap.kernels import protocol
+from bootstrap.warm import stamp  # the warm path's: what changes when a file is written
 
 # Variables the preparation reads whose effect the claim redoes from the request's value.
 _REDONE = frozenset({"JPY_SESSION_NAME", "MPLBACKEND", "JPY_PARENT_PID", "JPY_INTERRUPT_EVENT"})
@@ -41,15 +42,6 @@ class Ready:
             return None
         return cls(None if env is None else frozenset(map(str, env)),
                    {str(k): str(v) for k, v in stamps.items()})
-
-
-def stamp(path: str) -> str:
-    """What changes when ``path`` is written, replaced, created or removed."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return "-"
-    return f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
 
 
 def refusal(argv: list[str], env: dict[str, str], ready: Ready) -> str | None:

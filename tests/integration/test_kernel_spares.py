@@ -4,10 +4,12 @@ that a request changes sends that request to the forked start; no spare outlives
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
 import sqlite3
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -187,3 +189,68 @@ def test_an_interrupt_reaches_a_claimed_spare_and_its_output_is_its_own(
         after, printed = kernels.execute(kernel, "print(1 + 1)")
         assert after["status"] == "ok" and printed == "2\n"
 
+
+
+def ended(process: subprocess.Popen[bytes]) -> bool:
+    return process.poll() is not None
+
+
+def test_a_kernel_that_cannot_bind_its_port_ends_instead_of_hanging(
+        kernel_world: RealWorld, tmp_path: Path) -> None:
+    """Its IOPub port held for good by another process: after the patient retries the kernel
+    ends with exit 1 and a traceback (ipykernel's exit hook waited forever on a zmq context the
+    failed start left a socket in, and its launcher on a kernel that never answered)."""
+    import socket
+
+    from jupyter_client.manager import KernelManager
+
+    first_start(kernel_world)
+    spare_pids(kernel_world)
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        for _ in range(2):  # the spare, then a forked kernel (no spare is ready yet)
+            manager = KernelManager(kernel_name=SPEC)
+            manager.cache_ports = False
+            for name in ("shell_port", "stdin_port", "control_port", "hb_port"):
+                setattr(manager, name, kernels._free_port())
+            manager.iopub_port = held.getsockname()[1]
+            with (tmp_path / "stderr").open("w") as stderr:
+                manager.start_kernel(cwd=str(tmp_path), stderr=stderr)
+            process: subprocess.Popen[bytes] = manager.provisioner.process  # type: ignore[union-attr]
+            try:
+                wait_for(functools.partial(ended, process), timeout=120)
+            finally:
+                manager.shutdown_kernel(now=True)
+            assert process.returncode == 1
+            assert "Address already in use" in (tmp_path / "stderr").read_text()
+
+
+def test_a_port_held_for_a_moment_is_waited_for(kernel_world: RealWorld, tmp_path: Path) -> None:
+    """In a burst, jupyter_client's own bind-and-close probes hold ports for a moment: a kernel
+    that found one of its ports held died of EADDRINUSE; it now keeps trying for a while."""
+    import socket
+    import threading
+
+    from jupyter_client.manager import KernelManager
+
+    first_start(kernel_world)
+    spare_pids(kernel_world)
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen()
+    manager = KernelManager(kernel_name=SPEC)
+    manager.cache_ports = False
+    for name in ("shell_port", "stdin_port", "control_port", "hb_port"):
+        setattr(manager, name, kernels._free_port())
+    manager.iopub_port = held.getsockname()[1]
+    threading.Timer(2.0, held.close).start()  # let go once the kernel has tried and failed
+    manager.start_kernel(cwd=str(tmp_path))
+    try:
+        client = kernels.probe_client(manager)
+        try:
+            assert kernels.answer(client, 120, manager.is_alive)["status"] == "ok"
+        finally:
+            kernels.close_client(client)
+    finally:
+        manager.shutdown_kernel(now=True)
