@@ -179,18 +179,12 @@ def _start(kernel_name: str, timeout: float, reconnect_ms: int,
 
     manager = KernelManager(kernel_name=kernel_name)
     if _PORTS:
-        manager.cache_ports = False
-        for name in _PORT_NAMES:
-            setattr(manager, name, _free_port())
+        reserved(manager)
     began = time.perf_counter()
     with launching:
         manager.start_kernel(**popen)
     try:
-        client = probe_client(manager, reconnect_ms)
-        try:
-            info = answer(client, timeout, manager.is_alive)
-        finally:
-            close_client(client)
+        info = first_reply(manager, timeout, reconnect_ms)
         seconds = time.perf_counter() - began
     except BaseException as e:
         process = getattr(manager.provisioner, "process", None)
@@ -200,6 +194,25 @@ def _start(kernel_name: str, timeout: float, reconnect_ms: int,
         manager.shutdown_kernel(now=True)
         raise
     return Started(manager, _launched(manager), seconds, info)
+
+
+def reserved(manager: KernelManager, **given: int) -> KernelManager:
+    """``manager`` on ports of the suite's reserved range (:func:`reserve_ports`), but those
+    ``given`` by name (e.g. ``iopub_port=``)."""
+    manager.cache_ports = False
+    for name in _PORT_NAMES:
+        setattr(manager, name, given.get(name) or _free_port())
+    return manager
+
+
+def first_reply(manager: KernelManager, timeout: float = 120.0,
+                reconnect_ms: int = RECONNECT_MS) -> dict[str, Any]:
+    """The content of the kernel_info reply of ``manager``'s kernel (see :func:`answer`)."""
+    client = probe_client(manager, reconnect_ms)
+    try:
+        return answer(client, timeout, manager.is_alive)
+    finally:
+        close_client(client)
 
 
 def _launched(manager: KernelManager) -> int:

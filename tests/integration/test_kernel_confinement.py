@@ -132,11 +132,7 @@ def running(spec: str, *, bare: bool, ipc: Path | None = None,
     manager = KernelManager(kernel_name=spec, transport="ipc", ip=str(ipc / uuid.uuid4().hex[:8]))
     manager.start_kernel(env=env, **popen)
     try:
-        client = kernels.probe_client(manager)
-        try:
-            info = kernels.answer(client, 120, manager.is_alive)
-        finally:
-            kernels.close_client(client)
+        info = kernels.first_reply(manager)
         yield kernels.Started(manager, manager.provisioner.pid, 0.0, info)  # type: ignore[union-attr]
     finally:
         manager.shutdown_kernel(now=True)

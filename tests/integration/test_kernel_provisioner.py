@@ -45,16 +45,10 @@ def start(*, reserved: bool, **popen: Any) -> kernels.Started:
 
     manager = KernelManager(kernel_name=SPEC)
     if reserved:
-        manager.cache_ports = False
-        for name in ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port"):
-            setattr(manager, name, kernels._free_port())
+        kernels.reserved(manager)
     manager.start_kernel(**popen)
     try:
-        client = kernels.probe_client(manager)
-        try:
-            info = kernels.answer(client, 120, manager.is_alive)
-        finally:
-            kernels.close_client(client)
+        info = kernels.first_reply(manager)
     except BaseException:
         manager.shutdown_kernel(now=True)
         raise

@@ -210,11 +210,8 @@ def test_a_kernel_that_cannot_bind_its_port_ends_instead_of_hanging(
         held.bind(("127.0.0.1", 0))
         held.listen()
         for _ in range(2):  # the spare, then a forked kernel (no spare is ready yet)
-            manager = KernelManager(kernel_name=SPEC)
-            manager.cache_ports = False
-            for name in ("shell_port", "stdin_port", "control_port", "hb_port"):
-                setattr(manager, name, kernels._free_port())
-            manager.iopub_port = held.getsockname()[1]
+            manager = kernels.reserved(KernelManager(kernel_name=SPEC),
+                                       iopub_port=held.getsockname()[1])
             with (tmp_path / "stderr").open("w") as stderr:
                 manager.start_kernel(cwd=str(tmp_path), stderr=stderr)
             process: subprocess.Popen[bytes] = manager.provisioner.process  # type: ignore[union-attr]
@@ -239,18 +236,10 @@ def test_a_port_held_for_a_moment_is_waited_for(kernel_world: RealWorld, tmp_pat
     held = socket.socket()
     held.bind(("127.0.0.1", 0))
     held.listen()
-    manager = KernelManager(kernel_name=SPEC)
-    manager.cache_ports = False
-    for name in ("shell_port", "stdin_port", "control_port", "hb_port"):
-        setattr(manager, name, kernels._free_port())
-    manager.iopub_port = held.getsockname()[1]
+    manager = kernels.reserved(KernelManager(kernel_name=SPEC), iopub_port=held.getsockname()[1])
     threading.Timer(2.0, held.close).start()  # let go once the kernel has tried and failed
     manager.start_kernel(cwd=str(tmp_path))
     try:
-        client = kernels.probe_client(manager)
-        try:
-            assert kernels.answer(client, 120, manager.is_alive)["status"] == "ok"
-        finally:
-            kernels.close_client(client)
+        assert kernels.first_reply(manager)["status"] == "ok"
     finally:
         manager.shutdown_kernel(now=True)
