@@ -3,7 +3,8 @@
 Built only when the warm path (bootstrap.warm) could not answer: argparse and the thirteen
 parsers cost 10-30 ms. A command named plainly in argv is parsed by a parser of that command
 alone; help and anything it refuses go to the full parser, whose words are the ones shown.
-Global options may come before or after the subcommand, as uv's do.
+Global options may come before or after the subcommand, as uv's do. One module past the 400
+lines we aim for: the grammar is one table, and split by command `-h`'s words would be too.
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ from bootstrap.config_file import (
     source_name,
     table_of,
 )
+from bootstrap.config_kernel import kernel_keys
 from bootstrap.errors import ConfigError, SkillError
 from bootstrap.places import default_venv, legacy_default
 from bootstrap.trees.discovery import glob_dirs
@@ -43,9 +44,6 @@ _KEYS: Final = frozenset(
 )
 # Environment variables that mean `offline = true` (uv's own among them).
 OFFLINE_ENV: Final = ("KERNEL_BOOTSTRAP_OFFLINE", "UV_OFFLINE")
-# 0 turns the kernel server off, 1 on, whatever the config says (bootstrap.kernels.enabled).
-KERNEL_SERVER_ENV: Final = "KERNEL_BOOTSTRAP_KERNEL_SERVER"
-MAX_SPARES: Final = 8
 
 
 @dataclass(frozen=True)
@@ -202,46 +200,8 @@ def config_from_dict(data: dict[str, Any], file: Path) -> Config:
         compile_bytecode=reader.boolean("compile-bytecode", default=True),
         git_sources=git_sources,
         skills_lock=skills_lock,
-        **_kernel_keys(reader),
+        **kernel_keys(reader),
     )
-
-
-def _kernel_keys(reader: Reader) -> dict[str, Any]:
-    """``kernel-server``, ``kernel-preload`` (module names), ``kernel-idle-timeout`` and
-    ``kernel-preload-timeout`` (seconds, > 0), checked; and $KERNEL_BOOTSTRAP_KERNEL_SERVER,
-    which must be 0 or 1."""
-    value = os.environ.get(KERNEL_SERVER_ENV, "")
-    if value not in ("", "0", "1"):
-        raise ConfigError(f"{KERNEL_SERVER_ENV}={short(value)}: must be 0 (off) or 1 (on)")
-    preload = reader.strings("kernel-preload")
-    for index, name in enumerate(preload):
-        # The server imports each by name: a path or a typo with a space is no module.
-        if not all(part.isidentifier() for part in name.split(".")):
-            raise ConfigError(f"{source_name(reader.file)}: kernel-preload[{index}]: not a "
-                              f"module name (dotted identifiers, e.g. \"numpy.linalg\"): "
-                              f"{short(name)}")
-    return {"kernel_server": reader.boolean("kernel-server", default=True),
-            "kernel_preload": preload,
-            "kernel_idle_timeout": _seconds(reader, "kernel-idle-timeout", 900.0),
-            "kernel_preload_timeout": _seconds(reader, "kernel-preload-timeout", 60.0),
-            "kernel_spares": _spares(reader)}
-
-
-def _spares(reader: Reader) -> int:
-    value = reader.data.get("kernel-spares", 1)
-    # Each spare is a kernel's memory held in advance: a handful is plenty for one venv.
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SPARES:
-        raise reader.bad("kernel-spares", f"a whole number from 0 (off) to {MAX_SPARES}")
-    return value
-
-
-def _seconds(reader: Reader, key: str, default: float) -> float:
-    value = reader.data.get(key, default)
-    # bool is an int to Python, and NaN compares false both ways: neither is a number of seconds.
-    if isinstance(value, bool) or not isinstance(value, (int, float)) \
-            or not 0 < value < float("inf"):
-        raise reader.bad(key, "a number of seconds greater than 0")
-    return float(value)
 
 
 def _skill_entries(reader: Reader) -> tuple[tuple[str | None, ...], tuple[GitSource, ...]]:

@@ -81,7 +81,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("bootstrap.trees",),
     ("bootstrap.config_file",),
     ("bootstrap.sources",),
-    ("bootstrap.config",),
+    ("bootstrap.config", "bootstrap.config_kernel"),
     ("bootstrap.env",),
     ("bootstrap.skills",),
     ("bootstrap.snapshots",),

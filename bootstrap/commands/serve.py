@@ -97,8 +97,8 @@ def refuse_when_off(config: Config) -> None:
     """A :class:`~bootstrap.errors.ConfigError` (exit 2) saying what turned the kernel server
     off, when something did: the environment variable, the config, or the platform; or that
     ``KERNEL_BOOTSTRAP_PYTHON`` leaves no venv to serve."""
-    from bootstrap.config import KERNEL_SERVER_ENV
     from bootstrap.config_file import source_name
+    from bootstrap.config_kernel import KERNEL_SERVER_ENV
     from bootstrap.errors import ConfigError
     from bootstrap.kernels import switch as serving
 

@@ -13,7 +13,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing's import is not paid on the warm path
     from collections.abc import Mapping
 
-# bootstrap.config.KERNEL_SERVER_ENV (not imported: the warm path does not load the config)
+# bootstrap.config_kernel.KERNEL_SERVER_ENV (not imported: the warm path does not load the config)
 SWITCH = "KERNEL_BOOTSTRAP_KERNEL_SERVER"
 
 

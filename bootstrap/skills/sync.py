@@ -385,17 +385,14 @@ def _finish(sync: _Sync) -> None:
     current = read_marker(sync.config.venv).data
     if current is None or current["runtime"]["identity"] != sync.runtime["identity"]:
         raise AssertionError("BUG: the marker changed under the bootstrap lock")
-    truth: MarkerData = {
-        "schema": current["schema"],
-        "runtime": current["runtime"],
-        "skills": {n: r for n, r in current["skills"].items()
-                   if n in sync.skills and _is_recorded(sync.skills[n], {n: r})},
-        "failed": {n: r for n, r in current["failed"].items()
-                   if n in sync.skills and n not in current["skills"]},
-        "updated": current["updated"],
-    }
-    if "bytecode" in current:  # env/bytecode.py's record: nothing the sync decides
-        truth["bytecode"] = current["bytecode"]
+    # The sync's own records are rewritten and its attempt is over; the rest (the runtime,
+    # bootstrap.env.bytecode's record, ...) is not the sync's to decide and stays as it is.
+    truth: MarkerData = {**current,
+                         "skills": {n: r for n, r in current["skills"].items()
+                                    if n in sync.skills and _is_recorded(sync.skills[n], {n: r})},
+                         "failed": {n: r for n, r in current["failed"].items()
+                                    if n in sync.skills and n not in current["skills"]}}
+    truth.pop("attempt", None)
     if truth == current:
         return  # already exactly this (a rebuild's marker recorded every skill): no write
     write_marker(sync.config.venv, truth)
