@@ -145,8 +145,7 @@ class Pool:
             _signal(pid, signal.SIGCONT)
         try:
             member.ctrl.setblocking(True)
-            sent = member.ctrl.sendmsg([message], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
-                                                    bytes(_ints(fds)))])
+            sent = socket.send_fds(member.ctrl, [message], fds)
             if sent < len(message):
                 member.ctrl.sendall(message[sent:])
         except OSError:
@@ -194,12 +193,6 @@ class Pool:
         if self.off is None:
             say(f"no spares: {reason}")
         self.off = reason
-
-
-def _ints(fds: list[int]) -> bytes:
-    import array
-
-    return array.array("i", fds).tobytes()
 
 
 def _signal(pid: int, signum: int) -> None:
