@@ -60,7 +60,7 @@ class Dist(NamedTuple):
         return Path(unquote(urlsplit(url).path))
 
     def cache_timestamp_ns(self) -> int | None:
-        """The project's pyproject.toml mtime recorded at install time (uv's freshness key)."""
+        """The project's pyproject.toml ctime recorded at install time (uv's freshness key)."""
         try:
             stamp = json.loads(self.read("uv_cache.json") or "{}")["timestamp"]
             return int(stamp["secs_since_epoch"]) * 10**9 + int(stamp["nanos_since_epoch"])

@@ -231,7 +231,7 @@ def _plan(
     for project in editables:
         old = installed.get(project.norm)
         # uv 0.13.9 always rebuilds a command-line `-e DIR`; only `-e` lines in a requirements
-        # file get its freshness check (same path, version and pyproject.toml mtime).
+        # file get its freshness check (same path, version and pyproject.toml ctime).
         if project.from_file and old and not forced(project.norm) and _fresh(project, old):
             fresh += 1
             continue
@@ -254,15 +254,15 @@ def _wheel(requirement: reqs.Requirement) -> Path | None:
 
 
 def _fresh(project: Project, old: dists.Dist) -> bool:
-    """uv's check (path, version, pyproject.toml mtime), plus the metadata we would write now.
+    """uv's check (path, version, pyproject.toml ctime), plus the metadata we would write now.
 
-    The metadata comparison is stricter than uv: a dependency edit that keeps the old mtime
-    (e.g. a file copied with its timestamp) still reinstalls, so tests never see stale deps.
+    The metadata comparison is stricter than uv: a dependency edit that keeps the old ctime
+    (within one clock tick) still reinstalls, so tests never see stale deps.
     """
     package = Package(project.norm, project.name, project.version, project, True)
     return (old.version == project.version
             and old.editable_location() == project.directory
-            and old.cache_timestamp_ns() == project.pyproject_mtime_ns
+            and old.cache_timestamp_ns() == project.pyproject_ctime_ns
             and old.read("METADATA") == _metadata(package))
 
 
@@ -339,7 +339,7 @@ def _write(venv: venvs.Venv, package: Package, with_script: bool, *,
     if project:
         files[f"_editable_{project.norm}.pth"] = f"{project.import_root}\n"
         meta["direct_url.json"] = _compact({"url": project.url, "dir_info": {"editable": True}})
-        seconds, nanos = divmod(project.pyproject_mtime_ns, 10**9)
+        seconds, nanos = divmod(project.pyproject_ctime_ns, 10**9)
         meta["uv_cache.json"] = _compact({
             "timestamp": {"secs_since_epoch": seconds, "nanos_since_epoch": nanos},
             "commit": None, "tags": None, "env": {}, "directories": {"src": None}})

@@ -17,7 +17,7 @@ class Project(NamedTuple):
     dependencies: tuple[reqs.Requirement, ...]
     scripts: tuple[tuple[str, str], ...]
     directory: Path
-    pyproject_mtime_ns: int
+    pyproject_ctime_ns: int
     from_file: bool
 
     @property
@@ -82,6 +82,6 @@ def load(editable: reqs.Editable) -> Project:
         dependencies=parsed,
         scripts=tuple((str(k), str(v)) for k, v in scripts.items()),
         directory=directory,
-        pyproject_mtime_ns=pyproject.stat().st_mtime_ns,
+        pyproject_ctime_ns=pyproject.stat().st_ctime_ns,
         from_file=editable.from_file,
     )

@@ -30,6 +30,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Final
@@ -39,7 +40,7 @@ from bootstrap.env.venv import Venv, python_version
 from bootstrap.errors import BootstrapError
 from bootstrap.primitives import log, process
 from bootstrap.primitives.atomic import write_atomic
-from bootstrap.primitives.fs import read_state_file, removed_on_exit
+from bootstrap.primitives.fs import birth_time_ns, read_state_file, removed_on_exit
 from bootstrap.skills import buildcache
 from bootstrap.skills.buildcache import Cache
 from bootstrap.skills.python_skill import PythonSkill
@@ -293,13 +294,25 @@ def _direct_url(path: Path) -> bytes:
 
 
 def _uv_cache_info(path: Path) -> bytes:
-    stamps = [st.st_mtime_ns for name in _CACHE_KEY_FILES
-              if (st := _stat(path / name)) is not None]
-    src = _stat(path / "src")
+    # What uv compares (its uv-cache-info crate, checked against uv 0.13 by the integration
+    # tests): the latest *ctime* of the key files (a chmod counts, an mtime reset does not hide
+    # an edit), and for src/ its *creation* time, or its inode where none is recorded; src/'s
+    # mtime, which any file made directly in it moves, is not compared.
+    stamps = [st.st_ctime_ns for name in _CACHE_KEY_FILES
+              if (st := _stat(path / name)) is not None and stat.S_ISREG(st.st_mode)]
     info = {"timestamp": _timestamp(max(stamps)) if stamps else None, "commit": None,
-            "tags": None, "env": {},
-            "directories": {"src": _timestamp(src.st_mtime_ns) if src else None}}
+            "tags": None, "env": {}, "directories": _directories(path / "src")}
     return json.dumps(info, separators=(",", ":")).encode()
+
+
+def _directories(src: Path) -> dict[str, object]:
+    st = _stat(src)
+    if st is None:
+        return {"src": None}
+    if not stat.S_ISDIR(st.st_mode):
+        return {}  # uv leaves a src that is not a directory out of the record
+    born = birth_time_ns(src)
+    return {"src": st.st_ino if born is None else _timestamp(born)}
 
 
 def _stat(path: Path) -> os.stat_result | None:
