@@ -20,7 +20,12 @@ from testing import kernels
 from testing.kernelworlds import KernelWorlds
 from testing.processes import alive, wait_for
 from tests.integration.conftest import RealWorld, kernel_world_copy, with_kernelspec
-from tests.integration.test_kernel_server import SPEC, interrupted, server_log, wait_for_server
+from tests.integration.test_kernel_server import (
+    SPEC,
+    interrupted_sleep,
+    server_log,
+    wait_for_server,
+)
 
 pytest.importorskip("jupyter_client")
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the kernel server is Linux's")
@@ -90,7 +95,7 @@ def test_a_provisioned_kernel_comes_from_the_server_and_lives_a_kernels_life(
         written = json.loads(Path(kernel.manager.connection_file).read_text())
         for name in ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port"):
             assert info[name] > 0 and written[name] == info[name]
-        reply = interrupted(kernel, "import time; time.sleep(60)")
+        reply = interrupted_sleep(kernel, world.root)
         assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt"
         old = kernel.pid
         kernel.manager.restart_kernel()
@@ -145,7 +150,7 @@ def test_with_serving_off_the_provisioner_starts_the_kernel_the_ordinary_way(
         kernel = start(reserved=True)
         try:
             assert_ordinary(kernel)
-            reply = interrupted(kernel, "import time; time.sleep(60)")
+            reply = interrupted_sleep(kernel, world.root)
             assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt"
         finally:
             kernels.stop(kernel)

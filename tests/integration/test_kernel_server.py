@@ -12,7 +12,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -147,24 +147,47 @@ def test_an_interrupt_reaches_the_served_kernel_through_its_stand_in(
         kernel_world: RealWorld) -> None:
     server = first_start(kernel_world)
     with kernels.running(SPEC) as kernel:
-        served(kernel, server)
-        reply = interrupted(kernel, "import time; time.sleep(60)")
+        pid = served(kernel, server)["pid"]
+        reply = interrupted_sleep(kernel, kernel_world.root)
         assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt"
         # And the command a cell runs, as jupyter_client's killpg reaches it in a bare start:
         # system() ignores SIGINT in the kernel itself while it waits.
-        reply = interrupted(kernel, "import os; print(os.system('sleep 60'))")
+        reply = interrupted(kernel, "import os; print(os.system('sleep 60'))",
+                            lambda: _sleeping_in_group(os.getpgid(pid)))
         assert reply["status"] == "ok"
         after, printed = kernels.execute(kernel, "print(1 + 1)")
         assert after["status"] == "ok" and printed == "2\n"
 
 
-def interrupted(kernel: kernels.Started, code: str) -> dict[str, Any]:
-    """The reply to ``code``, interrupted a second after it started (within 30 s)."""
+def interrupted_sleep(kernel: kernels.Started, scratch: Path) -> dict[str, Any]:
+    """The reply to a cell that sleeps for a minute, interrupted once it sleeps."""
+    mark = scratch / f"sleeping-{kernel.pid}"
+    return interrupted(kernel, f"import time; open({str(mark)!r}, 'w').close(); "
+                               "time.sleep(60)", mark.exists)
+
+
+def _sleeping_in_group(pgid: int) -> bool:
+    """A ``sleep 60`` runs in process group ``pgid``."""
+    for entry in Path("/proc").iterdir():
+        try:
+            if (entry.name.isdigit() and os.getpgid(int(entry.name)) == pgid
+                    and (entry / "cmdline").read_bytes() == b"sleep\x0060\x00"):
+                return True
+        except OSError:
+            continue  # gone meanwhile
+    return False
+
+
+def interrupted(kernel: kernels.Started, code: str, started: Callable[[], bool]
+                ) -> dict[str, Any]:
+    """The reply to ``code``, interrupted once ``started()`` says the cell is in its wait."""
     client = kernel.manager.client()
     client.start_channels()
     try:
-        msg_id = client.execute(code)
-        time.sleep(1.0)  # let the cell start
+        # stop_on_error off: ipykernel aborts a request that reaches it while it is still
+        # handling the previous cell's error, and under load the next cell can be that early.
+        msg_id = client.execute(code, stop_on_error=False)
+        wait_for(started)
         kernel.manager.interrupt_kernel()
         reply = client.get_shell_msg(timeout=30)
         assert reply["parent_header"]["msg_id"] == msg_id

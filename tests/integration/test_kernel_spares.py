@@ -25,7 +25,7 @@ from tests.integration.test_kernel_server import (
     SPEC,
     describe,
     first_start,
-    interrupted,
+    interrupted_sleep,
     report,
     served,
     server_log,
@@ -184,7 +184,7 @@ def test_an_interrupt_reaches_a_claimed_spare_and_its_output_is_its_own(
         # prints it on its stderr (not the server's log).
         assert "Kernel is running over TCP without encryption" in \
             (tmp_path / "stderr").read_text()
-        reply = interrupted(kernel, "import time; time.sleep(60)")
+        reply = interrupted_sleep(kernel, tmp_path)
         assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt", reply
         after, printed = kernels.execute(kernel, "print(1 + 1)")
         assert after["status"] == "ok" and printed == "2\n"
