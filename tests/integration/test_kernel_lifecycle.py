@@ -159,7 +159,7 @@ def test_with_kernel_server_false_no_server_ever_appears(kernel_world: RealWorld
             if kernels.holds_server_lock(p.pid)] == []
 
 
-def test_gc_stops_a_server_whose_generation_is_gone(kernel_world: RealWorld) -> None:
+def test_a_server_whose_generation_is_gone_does_not_outlive_gc(kernel_world: RealWorld) -> None:
     with kernels.running(SPEC):
         pass
     old = server_up(kernel_world)
@@ -168,7 +168,13 @@ def test_gc_stops_a_server_whose_generation_is_gone(kernel_world: RealWorld) -> 
     result = kernel_world.run("gc", "--json")
     assert result.returncode == 0, result.stderr
     stopped = json.loads(result.stdout)["kernel_servers_stopped"]
-    assert [(s["pid"], s["generation"]) for s in stopped] == [(old["pid"], old["generation"])]
+    # The server checks its own key every 10 s (loop.STALE_CHECK) and stops, removing what gc
+    # would, when the config or its generation changed: a rebuild that takes longer (under
+    # load it took 14 s) leaves gc nothing to stop. Either way the stale server must not
+    # survive, and gc reports only what it stopped (that it stops a stale server, and only
+    # that one, is tests/kernels/test_info.py's, on a server that cannot stop by itself).
+    assert [(s["pid"], s["generation"]) for s in stopped] in \
+        ([(old["pid"], old["generation"])], [])
     wait_for(lambda: not alive(old["pid"]), timeout=30)
     assert server(kernel_world) is None
     text = kernel_world.run("gc").stdout  # nothing left to stop
