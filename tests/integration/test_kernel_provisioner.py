@@ -7,7 +7,9 @@ serving off, it starts the kernel the ordinary way (the kernelspec's argv) and w
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
 import os
 import sys
 from collections.abc import Iterator
@@ -38,6 +40,26 @@ def world(kernel_worlds: KernelWorlds[RealWorld],
           monkeypatch: pytest.MonkeyPatch) -> Iterator[RealWorld]:
     """An ipykernel world whose kernelspec names the provisioner (a copy of one built once)."""
     yield kernel_world_copy(kernel_worlds, monkeypatch, options=("--json", "--provisioner"))
+
+
+@contextlib.contextmanager
+def said(manager: Any) -> Iterator[list[str]]:
+    """What the provisioner logs while in the block (why a start was ordinary is a debug line)."""
+    lines: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    log, keep = manager.log, Keep(logging.DEBUG)
+    level = log.level
+    log.addHandler(keep)
+    log.setLevel(logging.DEBUG)
+    try:
+        yield lines
+    finally:
+        log.removeHandler(keep)
+        log.setLevel(level)
 
 
 def start(*, reserved: bool, **popen: Any) -> kernels.Started:
@@ -98,11 +120,16 @@ def test_a_provisioned_kernel_comes_from_the_server_and_lives_a_kernels_life(
         reply = interrupted_sleep(kernel, world.root)
         assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt"
         old = kernel.pid
-        kernel.manager.restart_kernel()
+        with said(kernel.manager) as lines:
+            kernel.manager.restart_kernel()
         restarted = kernels.Started(kernel.manager, kernel.manager.provisioner.pid,  # type: ignore[union-attr]
                                     0.0, {})
         assert restarted.pid != old and not alive(old)
-        assert_served(restarted, server)
+        try:
+            assert_served(restarted, server)
+        except AssertionError as e:
+            e.add_note("the provisioner said: " + " | ".join(lines))
+            raise
         kernel.manager.shutdown_kernel()  # the polite way: shutdown_request, then wait
         assert not kernel.manager.has_kernel
         wait_for(lambda: not alive(restarted.pid), timeout=10)
