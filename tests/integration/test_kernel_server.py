@@ -20,7 +20,7 @@ import pytest
 
 from testing import kernels
 from testing.kernelworlds import KernelWorlds
-from testing.processes import alive, wait_for
+from testing.processes import alive, session_members, wait_for
 from tests.integration.conftest import RealWorld, kernel_world_copy
 
 pytest.importorskip("jupyter_client")
@@ -153,7 +153,8 @@ def test_an_interrupt_reaches_the_served_kernel_through_its_stand_in(
         # And the command a cell runs, as jupyter_client's killpg reaches it in a bare start:
         # system() ignores SIGINT in the kernel itself while it waits.
         reply = interrupted(kernel, "import os; print(os.system('sleep 60'))",
-                            lambda: _sleeping_in_group(os.getpgid(pid)))
+                            lambda: any(line.endswith(" sleep 60")
+                                        for line in session_members(os.getsid(pid))))
         assert reply["status"] == "ok"
         after, printed = kernels.execute(kernel, "print(1 + 1)")
         assert after["status"] == "ok" and printed == "2\n"
@@ -164,18 +165,6 @@ def interrupted_sleep(kernel: kernels.Started, scratch: Path) -> dict[str, Any]:
     mark = scratch / f"sleeping-{kernel.pid}"
     return interrupted(kernel, f"import time; open({str(mark)!r}, 'w').close(); "
                                "time.sleep(60)", mark.exists)
-
-
-def _sleeping_in_group(pgid: int) -> bool:
-    """A ``sleep 60`` runs in process group ``pgid``."""
-    for entry in Path("/proc").iterdir():
-        try:
-            if (entry.name.isdigit() and os.getpgid(int(entry.name)) == pgid
-                    and (entry / "cmdline").read_bytes() == b"sleep\x0060\x00"):
-                return True
-        except OSError:
-            continue  # gone meanwhile
-    return False
 
 
 def interrupted(kernel: kernels.Started, code: str, started: Callable[[], bool]

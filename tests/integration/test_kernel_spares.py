@@ -190,7 +190,6 @@ def test_an_interrupt_reaches_a_claimed_spare_and_its_output_is_its_own(
         assert after["status"] == "ok" and printed == "2\n"
 
 
-
 def ended(process: subprocess.Popen[bytes]) -> bool:
     return process.poll() is not None
 
