@@ -75,6 +75,9 @@ def _ask(dirfd: int, venv: str, python_args: list[str], config_file: str) -> Non
     except (OSError, ValueError) as e:
         sock.close()
         _warn(f"the kernel server did not answer ({e or type(e).__name__})")
+        # One that stopped as we asked (it lets go of its lock first) has no successor yet.
+        if not places.server_running(places.LOCK, dir_fd=dirfd):
+            _spawn(config_file)
         return
     _stand_in(sock, pid, replies)
 

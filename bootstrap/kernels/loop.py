@@ -360,9 +360,11 @@ class Server:
         # Only while the socket is still ours (we hold the lock): the next server's is not.
         with contextlib.suppress(OSError):
             os.unlink(places.SOCK, dir_fd=self.dirfd)
+        # The lock before the socket: closing it resets the connections still in its backlog,
+        # and a client reset so finds the lock free and spawns the next server (client.py).
+        os.close(self.lockfd)
         self.selector.unregister(self.sock)
         self.sock.close()
-        os.close(self.lockfd)
         self.pool.close()
         for pending in list(self.reading.values()):
             self._done_reading(pending)

@@ -267,6 +267,50 @@ def test_a_server_that_stops_answering_mid_request_means_an_ordinary_start_and_a
         served(kernel, replacement)
 
 
+
+def test_a_server_gone_mid_request_is_replaced_by_the_next_start(kernel_world: RealWorld,
+                                                                 tmp_path: Path) -> None:
+    # What a client of a server that is stopping meets: its connection, still in the backlog,
+    # is closed unanswered, and the lock is free (the server lets go of it first). Here a
+    # listener of our own plays that server, deterministically.
+    import socket
+    import threading
+
+    from bootstrap.kernels import places
+
+    directory = places.server_dir(str(kernel_world.venv))
+    assert directory is not None
+    dirfd = places.open_dir(directory, create=True)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(places.sock_path(dirfd))
+    listener.listen(8)
+
+    def close_unanswered() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            conn.close()
+
+    thread = threading.Thread(target=close_unanswered, daemon=True)
+    thread.start()
+    try:
+        stderr = tmp_path / "stand-in.err"
+        with stderr.open("wb") as err, kernels.running(SPEC, stderr=err) as kernel:
+            assert report(kernel)["pid"] == kernel.pid  # the ordinary start
+        assert stderr.read_text().count("the kernel server did not answer") == 1
+        # ... which spawned the next server: it serves the start after.
+        server = wait_for_server(kernel_world)
+        with kernels.running(SPEC) as kernel:
+            served(kernel, server)
+    finally:
+        listener.shutdown(socket.SHUT_RDWR)
+        listener.close()
+        thread.join(timeout=10)
+        os.close(dirfd)
+
+
 ATTEMPT = textwrap.dedent("""\
     import json, os, socket, sys
     path = sys.argv[1]

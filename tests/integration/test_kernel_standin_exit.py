@@ -82,8 +82,10 @@ def test_a_stopped_server_retires_until_its_kernel_ends_and_sends_its_status(
     try:
         pid = served(kernel, server)["pid"]
         os.kill(server, signal.SIGTERM)  # as `serve --stop`, gc or a supervisor stop it
-        wait_for(lambda: describe(kernel_world) is None)
-        assert alive(server) and not kernels.holds_server_lock(server)  # retiring
+        # Retiring: it stops answering and lets go of its lock, yet stays.
+        wait_for(lambda: describe(kernel_world) is None
+                 and not kernels.holds_server_lock(server))
+        assert alive(server)
         # Said just after it let go of its lock (and ended its spares): waited for, not raced.
         wait_for(lambda: "retiring: waiting for 1 kernel(s) to end" in server_log(kernel_world))
         assert _killed(kernel, pid, signal.SIGTERM) == -signal.SIGTERM
