@@ -2,11 +2,14 @@
 the gate costs a kernel start; a warm ``run`` against a bare interpreter.
 
 One warm world (the real uv, the README's ipykernel runtime, two skills) gets four kernelspecs
-from ``kernelspec install``: *served* (the default argv, the lean stand-in through ``run``, the
-server on, its default spare), *bare* (the same argv, for a second config file naming the same
-venv with ``kernel-server = false``: the switch is part of the warm fingerprint, and one file
-alternating would take the full check at every start), *direct* (``--direct``: the interpreter
-itself) and *provisioner* (``--provisioner``: jupyter_client asks the server itself).
+from ``kernelspec install``: *served* (the default argv: the native stand-in where this
+install built it, else the lean one, through ``run``; the server on, its default spare), *bare*
+(the same argv, for a second config file naming the same venv with ``kernel-server = false``:
+the switch is part of the warm fingerprint, and one file alternating would take the full check
+at every start), *direct* (``--direct``: the interpreter itself) and *provisioner*
+(``--provisioner``: jupyter_client asks the server itself); and, where the served argv starts
+the native stand-in, *served-lean*: the same kernelspec with the lean argv the native one
+execs for anything it does not serve (single starts and memory: the native stand-in's gain).
 jupyter_client starts them as Jupyter does, each timed from ``start_kernel`` to the
 ``kernel_info`` reply by testing/kernels.py's probe (``wait_for_ready`` adds ~0.2 s of IOPub
 waiting), then shut down (``now=True``). Interleaved rounds, order rotating, cells medians:
@@ -39,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import os
 import subprocess
 import sys
@@ -81,6 +85,7 @@ from testing import kernels, kernelserver, reaper
 from testing.world import World
 
 SERVED, BARE, DIRECT, PROV = "kb-served", "kb-bare", "kb-direct", "kb-provisioner"
+LEAN = "kb-served-lean"  # the served kernelspec without the native stand-in: its lean argv
 FIRST = "first"  # the served kernelspec with no server yet
 READY_SERVED, READY_BARE = "ready-served", "ready-bare"  # through wait_for_ready
 # Kernels' output: banners would bury the tables; stderr goes to the run's log (main opens it).
@@ -100,8 +105,8 @@ def settle_kernels(timeout: float = 10.0) -> None:
 
 
 def kernel_world(root: Path) -> World:
-    """A warm world on the real uv (behind the workspace's logging shim) with the three
-    kernelspecs installed into a Jupyter data dir of its own."""
+    """A warm world on the real uv (behind the workspace's logging shim) with the kernelspecs
+    installed into a Jupyter data dir of its own (and :data:`LEAN` beside them)."""
     global VENV
     world = World(root / "world")
     VENV = world.venv
@@ -121,7 +126,17 @@ def kernel_world(root: Path) -> World:
         check([KERNEL_BOOTSTRAP, "kernelspec", "install", "--name", name, *extra,
                "--config", str(config)], world.env)
         check([KERNEL_BOOTSTRAP, "ensure", "--config", str(config)], world.env)  # fingerprint
+    spec = json.loads((root / "jupyter" / "kernels" / SERVED / "kernel.json").read_text())
+    if spec["argv"][0].endswith("/kb-standin"):  # this install built the native stand-in
+        spec["argv"] = spec["argv"][3:]
+        (root / "jupyter" / "kernels" / LEAN).mkdir()
+        (root / "jupyter" / "kernels" / LEAN / "kernel.json").write_text(json.dumps(spec))
     return world
+
+
+def has_lean() -> bool:
+    """Whether the run has the :data:`LEAN` kernelspec (the served one starts the native)."""
+    return Path(os.environ["JUPYTER_DATA_DIR"], "kernels", LEAN).is_dir()
 
 
 # --- the figures -----------------------------------------------------------------------------
@@ -160,7 +175,7 @@ def many(name: str, n: int) -> kernels.Burst:
     before answering (another process took a port jupyter_client picked) is run again, twice
     at most."""
     for _ in range(3):
-        if name in (SERVED, PROV):
+        if name in (SERVED, PROV, LEAN):
             spare_ready()
         try:
             return kernels.start_many(name, n, **QUIET)
@@ -181,7 +196,7 @@ LOST: dict[str, list[int]] = {}  # kernels of each kind that died in a burst, pe
 
 
 def burst(name: str, n: int) -> float:
-    if name in (SERVED, PROV):
+    if name in (SERVED, PROV, LEAN):
         spare_ready()
     wall, lost = lost_in_burst(name, n, QUIET)
     LOST.setdefault(name, []).append(lost)
@@ -198,7 +213,7 @@ def pss(name: str, n: int) -> dict[str, tuple[int, int]]:
         time.sleep(2.0)  # idle: past their start-up's last allocations
         table = kernels.processes()
         parts = {"launched": kernels.descendants([k.pid for k in started.kernels], table)}
-        if name == SERVED:
+        if name in (SERVED, LEAN):
             tree, main = kernelserver.tree(TAG, table), kernelserver.find(TAG)
             assert main is not None
             parts |= {"server": {main.pid}, "kernels": tree - {main.pid}}
@@ -221,13 +236,16 @@ def idle_cpu(seconds: float) -> float:
 # --- the tables ------------------------------------------------------------------------------
 
 LEAN_ARGV = "TOOL/bin/python -I -S -c ... run --config C -- -m ipykernel_launcher -f F"
-STARTS = ((SERVED, "served, after the first (server up, spare ready)", LEAN_ARGV),
+NATIVE_ARGV = "kb-standin VENV C " + LEAN_ARGV
+STARTS = ((SERVED, "served, after the first (server up, spare ready)", NATIVE_ARGV),
+          (LEAN, "served-lean: the lean stand-in (the served argv without the native one)",
+           LEAN_ARGV),
           (PROV, "provisioner, after the first (server up, spare ready)", "(the same argv)"),
-          (FIRST, "served, first start (no server yet)", LEAN_ARGV),
-          (BARE, "bare: through `run`, `kernel-server = false`", LEAN_ARGV),
+          (FIRST, "served, first start (no server yet)", NATIVE_ARGV),
+          (BARE, "bare: through `run`, `kernel-server = false`", NATIVE_ARGV),
           (DIRECT, "`--direct`", "VENV/bin/python -m ipykernel_launcher -f F"),
-          (READY_SERVED, "served, through wait_for_ready", LEAN_ARGV),
-          (READY_BARE, "bare, through wait_for_ready", LEAN_ARGV))
+          (READY_SERVED, "served, through wait_for_ready", NATIVE_ARGV),
+          (READY_BARE, "bare, through wait_for_ready", NATIVE_ARGV))
 
 
 def start_table(times: dict[str, list[Timing]], rounds: int) -> Table:
@@ -355,10 +373,15 @@ def measure(args: argparse.Namespace, world: World) -> list[Table]:
                                                     settle_kernels),
                     READY_BARE: functools.partial(ready_start, BARE, QUIET, lambda: None,
                                                   settle_kernels)}
+    if served and has_lean():
+        singles[LEAN] = functools.partial(served_start, LEAN)
+        kinds.append(LEAN)
     starts = interleave(singles, args.rounds)
     pairs = [back_to_back(SERVED, QUIET, functools.partial(kernelserver.stop, TAG),
                           settle_kernels) for _ in range(args.b2b_rounds if served else 0)]
-    walls = interleave({k: functools.partial(burst, k, args.burst) for k in kinds},
+    # A burst of LEAN is the served one's but for the stand-in: its single starts and memory say
+    # what the native stand-in changes.
+    walls = interleave({k: functools.partial(burst, k, args.burst) for k in kinds if k != LEAN},
                        args.burst_rounds)
     sizes = {k: pss(k, args.pss) for k in kinds if k != PROV}
     tables = [start_table(starts, args.rounds), burst_table(walls, args.burst, args.burst_rounds),

@@ -1,10 +1,12 @@
-"""Benchmark: what a served kernel's stand-in costs (issue 36 item 2), today's entry against the
-lean one, and the interpreter starts that bound them.
+"""Benchmark: what a served kernel's stand-in costs (issue 36 item 2): the console script's entry,
+the lean one and the native one, and the interpreter starts that bound a Python stand-in.
 
-One warm world (the real uv, the README's ipykernel runtime, two skills) gets two kernelspecs
-from ``kernelspec install``: *lean* (the default argv: the tool's interpreter ``-I -S -c``, the
-warm ``run`` in-process) and *gate* (the same spec with the gate argv alone, the console script
-``kernel-bootstrap run ...``: what every kernelspec held before). Both go to the same venv's
+One warm world (the real uv, the README's ipykernel runtime, two skills) gets its kernelspecs
+from one ``kernelspec install``: *native* (the default argv where this install built the native
+stand-in: it asks the server itself), *lean* (what the native one execs for anything else, and
+the default argv without it: the tool's interpreter ``-I -S -c``, the warm ``run`` in-process)
+and *gate* (the same spec with the gate argv alone, the console script
+``kernel-bootstrap run ...``: what every kernelspec held before). All go to the same venv's
 kernel server, which is up before anything is timed. Interleaved rounds, order rotating, medians:
 
 ``--head DIR`` adds *head*: the gate run from another copy of the package (e.g. ``git archive
@@ -62,7 +64,7 @@ from bench_report import Table, ms, ratio
 from testing import kernels, kernelserver, reaper
 from testing.world import World
 
-LEAN, GATE, HEAD = "kb-lean", "kb-gate", "kb-head"
+LEAN, GATE, HEAD, NATIVE = "kb-lean", "kb-gate", "kb-head", "kb-native"
 QUIET: dict[str, Any] = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
 TAG = reaper.new_tag()
 VENV = Path()
@@ -87,11 +89,14 @@ def pss_kib(pid: int) -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("Pss:"))
 
 
-def served(pid: int) -> bool:
-    """Whether ``pid`` (what jupyter_client launched) stayed a stand-in: it did not exec into
-    the kernel, so its command line is still the kernelspec's, `run` and all."""
+def served(pid: int, name: str) -> bool:
+    """Whether ``pid`` (what jupyter_client launched for ``name``) stayed a stand-in of that
+    kind: it did not exec into the kernel, so its command line is still the kernelspec's, `run`
+    and all, and it is the native program for :data:`NATIVE` only (which execs the lean argv
+    for a start it does not serve)."""
     with open(f"/proc/{pid}/cmdline", "rb") as f:
-        return b"\0run\0" in f.read()
+        stayed = b"\0run\0" in f.read()
+    return stayed and os.readlink(f"/proc/{pid}/exe").endswith("/kb-standin") == (name == NATIVE)
 
 
 def kernel_world(root: Path, head: Path | None) -> World:
@@ -113,8 +118,12 @@ def kernel_world(root: Path, head: Path | None) -> World:
                             "--config", str(world.config)], world.env))
     spec_file = Path(out["path"]) / "kernel.json"
     spec = json.loads(spec_file.read_text())
+    if spec["argv"][0].endswith("/kb-standin"):  # the native stand-in, then the lean argv
+        write_spec(spec_file.parent.parent / NATIVE, spec)
+        spec["argv"] = spec["argv"][3:]
+        spec_file.write_text(json.dumps(spec, indent=1))
     assert spec["argv"][1:3] == ["-I", "-S"], spec["argv"]
-    spec["argv"] = spec["argv"][6:]  # [<kernel-bootstrap>, "run", ...]: today's kernelspec
+    spec["argv"] = spec["argv"][6:]  # [<kernel-bootstrap>, "run", ...]: the console script
     write_spec(spec_file.parent.parent / GATE, spec)
     if head is not None:
         code = (f"import sys; sys.path.insert(0, {str(head)!r}); "
@@ -123,6 +132,11 @@ def kernel_world(root: Path, head: Path | None) -> World:
         write_spec(spec_file.parent.parent / HEAD, spec)
     check([KERNEL_BOOTSTRAP, "ensure", "--config", str(world.config)], world.env)
     return world
+
+
+def has_native() -> bool:
+    """Whether the run has the :data:`NATIVE` kernelspec (this install built the stand-in)."""
+    return Path(os.environ["JUPYTER_DATA_DIR"], "kernels", NATIVE).is_dir()
 
 
 def write_spec(directory: Path, spec: dict[str, Any]) -> None:
@@ -134,7 +148,7 @@ def one_start(name: str, idle: float) -> Standin:
     kernelserver.wait_up(TAG, VENV)
     kernel = kernels.start(name, **QUIET)
     try:
-        assert served(kernel.pid), f"{name}: the kernel was not served"
+        assert served(kernel.pid, name), f"{name}: the kernel was not served"
         cpu = schedstat(kernel.pid)
         time.sleep(idle)
         idle_cpu = schedstat(kernel.pid)
@@ -151,7 +165,7 @@ def standins_pss(name: str, n: int) -> float:
     try:
         time.sleep(2.0)  # idle: past their start-up's last allocations
         pids = [k.pid for k in burst.kernels]
-        assert all(map(served, pids)), f"{name}: a kernel of the burst was not served"
+        assert all(served(p, name) for p in pids), f"{name}: a kernel of the burst was not served"
         return sum(map(pss_kib, pids)) / n
     finally:
         kernels.stop_all(burst.kernels)
@@ -183,7 +197,7 @@ def parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def measure(args: argparse.Namespace) -> list[Table]:
-    kinds = (GATE, LEAN) if args.head is None else (HEAD, GATE, LEAN)
+    kinds = (*([HEAD] if args.head else []), GATE, LEAN, *([NATIVE] if has_native() else []))
     starts = interleave({k: functools.partial(one_start, k, args.idle) for k in kinds},
                         args.rounds)
     sizes = interleave({k: functools.partial(standins_pss, k, args.pss) for k in kinds},
@@ -202,7 +216,7 @@ def standin_table(starts: dict[str, list[Standin]], sizes: dict[str, list[float]
     def cell(key: str, fn: Callable[[Standin], float]) -> float:
         return median(fn(s) for s in starts[key])
 
-    kinds = [k for k in (HEAD, GATE, LEAN) if k in starts]
+    kinds = [k for k in (HEAD, GATE, LEAN, NATIVE) if k in starts]
     rows = []
     for label, fn in (("stand-in CPU at the kernel_info reply", lambda s: s.cpu),
                       (f"stand-in CPU after {args.idle:g} s idle", lambda s: s.idle_cpu),
@@ -214,10 +228,12 @@ def standin_table(starts: dict[str, list[Standin]], sizes: dict[str, list[float]
     rows.append([f"stand-in PSS, {args.pss} idle at once", *(f"{v / MIB:.2f} MiB" for v in values),
                  *(ratio(values[-1], v) for v in values[:-1]), "<= 1.5 MiB"])
     heads = {HEAD: f"head gate ({args.head})", GATE: "gate (`kernel-bootstrap run ...`)",
-             LEAN: "lean (`python -I -S -c ...`)"}
-    return Table("A served kernel's stand-in: the console script's entry vs the lean one",
+             LEAN: "lean (`python -I -S -c ...`)", NATIVE: "native (`kb-standin ...`)"}
+    last = kinds[-1].removeprefix("kb-")
+    return Table("A served kernel's stand-in: the console script's entry, the lean one, the "
+                 "native one",
                  ["figure", *(heads[k] for k in kinds),
-                  *(f"lean / {k.removeprefix('kb-')}" for k in kinds[:-1]), "bar"], rows,
+                  *(f"{last} / {k.removeprefix('kb-')}" for k in kinds[:-1]), "bar"], rows,
                  [f"Medians of {args.rounds} interleaved starts ({args.pss_rounds} rounds for "
                   "PSS); every kernel served by the same warm server.",
                   "CPU: /proc/PID/schedstat of the process jupyter_client launched."])
@@ -243,7 +259,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         world = kernel_world(root, args.head)
         os.environ.update(world.env)
         # The first spawns the server; each works.
-        for name in (LEAN, LEAN, GATE, *([HEAD] if args.head else [])):
+        for name in (LEAN, LEAN, GATE, *([HEAD] if args.head else []),
+                     *([NATIVE] if has_native() else [])):
             kernels.stop(kernels.start(name, **QUIET))
             kernelserver.wait_up(TAG, VENV)
         calls = log_size(ws.uv_log)

@@ -43,6 +43,8 @@ _NAME_RE: Final = re.compile(r"[a-zA-Z0-9._-]+")
 MAX_NAME: Final = 200
 LAUNCHER: Final = ("-m", "ipykernel_launcher", "-f", "{connection_file}")
 SPEC_FILE: Final = "kernel.json"
+# The native stand-in's file name in bootstrap/kernels/ (hatch_build.py builds it there).
+NATIVE_STANDIN: Final = "kb-standin"
 # bootstrap.kernels.provisioner's entry point (pyproject.toml), the name kernelspecs give.
 PROVISIONERS: Final = "jupyter_client.kernel_provisioners"
 PROVISIONER: Final = "kernel-bootstrap-provisioner"
@@ -118,7 +120,7 @@ def spec_for(python: Path, name: str, display_name: str | None, config: Config, 
     interpreter alone; ``provisioner``: started by ours (:data:`PROVISIONER`), the gate's argv
     its fallback."""
     spec: KernelSpec = {
-        "argv": [str(python), *LAUNCHER] if direct else lean_argv(config),
+        "argv": [str(python), *LAUNCHER] if direct else kernel_argv(config),
         "display_name": display_name or f"Python ({name})",
         "language": "python",
         "metadata": {"kernel_bootstrap": {
@@ -167,6 +169,27 @@ def lean_argv(config: Config) -> list[str]:
     if not sys.executable:
         return gate
     return [sys.executable, "-I", "-S", "-c", LEAN_CODE, package_parent(), *gate]
+
+
+def kernel_argv(config: Config) -> list[str]:
+    """The gate's kernelspec argv: ``[<native stand-in>, <venv>, <config>, *lean_argv]`` where
+    this install ships the native stand-in (native/standin.c: it asks the venv's server itself
+    and execs the rest, the lean argv, for anything else), else :func:`lean_argv`."""
+    lean = lean_argv(config)
+    native = native_standin()
+    if native is None or config.path is None:
+        return lean
+    return [native, str(config.venv), str(config.path), *lean]
+
+
+def native_standin() -> str | None:
+    """The native stand-in beside this package (a wheel built where a C compiler was: see
+    hatch_build.py), if there is one to run: Linux only, as the kernel server."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "kernels",
+                        NATIVE_STANDIN)
+    if not sys.platform.startswith("linux") or not _executable(path):
+        return None
+    return path
 
 
 def package_parent() -> str:

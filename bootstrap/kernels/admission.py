@@ -3,12 +3,15 @@ reproduce sends the request to the ordinary start (``{"ordinary": REASON}``), ne
 kernel.
 
 A request is refused when the server does not serve at all (``not_serving``: a preload left a
-thread), is another venv's, generation's or config's (two configs naming one venv would share
+thread), is not an ipykernel launch (:func:`protocol.served_module`), is another venv's,
+generation's or config's (two configs naming one venv would share
 one server's ``kernel-preload``), when a variable that acts only at interpreter start differs
 (:func:`protocol.ordinary_reason`), when the launcher's context differs from the server's
-(:mod:`context`), or when the kernel's directory holds a module that would shadow one the server
-has imported: ``-m`` puts the start's directory first on ``sys.path``, so a bare kernel started
-beside a ``sqlite3.py`` imports that file, and a forked one must not differ.
+(:mod:`context`), when it asks the server to make the gate's warm check for it (the native
+stand-in's ``"warm": true``) and that does not hold (:mod:`gate`), or when the kernel's
+directory holds a module that would shadow one the server has imported: ``-m`` puts the start's
+directory first on ``sys.path``, so a bare kernel started beside a ``sqlite3.py`` imports that
+file, and a forked one must not differ.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-from bootstrap.kernels import context, protocol
+from bootstrap.kernels import context, gate, protocol
 
 _SUFFIXES = (".py", ".pyc", ".pyw")
 
@@ -45,8 +48,13 @@ def refusal(server: Server, message: dict[str, object], env: dict[str, str], cwd
             peer: int) -> tuple[str | None, context.Context | None]:
     """Why the request ``message`` (from process ``peer``, its ``env`` and ``cwd`` checked
     already) gets the ordinary start, or None and the context its kernel must carry."""
+    argv = message.get("argv")
+    launch = isinstance(argv, list) and protocol.served_module(argv) is not None
     reason = server.not_serving or _other(server, message) \
-        or protocol.ordinary_reason(env, server.started_env)
+        or (None if launch else "not an ipykernel launch") \
+        or protocol.ordinary_reason(env, server.started_env) \
+        or (gate.refusal(message.get("config"), message.get("venv"), env)
+            if message.get("warm") is True else None)
     if reason is not None:
         return reason, None
     securebits = message.get("securebits")

@@ -13,6 +13,10 @@ forked and ``{"exit": WAIT_STATUS}`` once it is reaped; or with one of ``{"stale
 ordinary way. The kernel holds the server's end of the connection too and adds its own last word,
 ``{"last": EXIT_CODE}``, for when the server is gone by then.
 
+A kernel request may carry ``"warm": true`` (the native stand-in's, native/standin.c): the
+client did not run the gate's warm check, and the server makes it in the request's environment
+(:mod:`bootstrap.kernels.gate`) before it admits the request.
+
 A kernel request may carry ``"ports": true`` (the jupyter_client provisioner's: it wrote a
 connection file with ports 0 and its key, so ipykernel binds ports of its choosing and no other
 process can take them first): the kernel then sends ``{"ports": {"shell_port": N, "iopub_port":

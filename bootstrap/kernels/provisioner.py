@@ -35,17 +35,13 @@ from jupyter_client.connect import KernelConnectionInfo
 from jupyter_client.provisioning.local_provisioner import LocalProvisioner
 from jupyter_client.provisioning.provisioner_base import KernelProvisionerBase
 
-from bootstrap import warm
-from bootstrap.kernels import protocol, provisioned, switch
+from bootstrap.kernels import gate, protocol, provisioned
 from bootstrap.kernels.provisioned import PORTS, Plan, Served
 
 # What start_kernel may hand the launch for a served start; any other keyword (a pipe to read,
 # preexec_fn, ...) or an independent kernel (it must outlive us) gets the ordinary start.
 _KNOWN = frozenset({"env", "cwd", "stdin", "stdout", "stderr", "independent", "kernel_id",
                     "extra_arguments", "transport_encryption"})
-# Where the fingerprint and the server are found, and the clock its backoffs read: the kernel's
-# environment must agree with ours on them (warm.holds reads the rest from the kernel's).
-_SAME = ("HOME", "XDG_CACHE_HOME", warm.CLOCK_ENV)
 
 
 class BootstrapProvisioner(KernelProvisionerBase):
@@ -102,8 +98,6 @@ class BootstrapProvisioner(KernelProvisionerBase):
         km = self.parent
         if not hasattr(os, "pidfd_open") or km is None:
             return "no pidfds here, or no kernel manager"
-        if not isinstance(config, str) or warm.config_file_for(config) != config:
-            return "the kernelspec names no absolute config file"
         unknown = set(kwargs) - _KNOWN
         if unknown or kwargs.get("independent") or kwargs.get("stdin") is not None \
                 or kwargs.get("transport_encryption"):
@@ -111,27 +105,16 @@ class BootstrapProvisioner(KernelProvisionerBase):
         if None in (provisioned.stream(kwargs.get("stdout"), 1),
                     provisioned.stream(kwargs.get("stderr"), 2)):
             return "stdout or stderr is a pipe"
-        if env.get("KERNEL_BOOTSTRAP_PYTHON") \
-                or env.get(warm.LOG_FORMAT_ENV, "") not in ("", "console", "json"):
-            return "the gate takes its full path"
-        for name in _SAME:
-            if env.get(name) != os.environ.get(name):
-                return f"the kernel's {name} is not this process's"
         if km.transport != "tcp" or getattr(km, "curve_publickey", None) is not None:
             return "not a tcp kernel without CurveZMQ"
         args = self.kernel_spec.argv
         if "--" not in args or protocol.served_module(args[args.index("--") + 1:]) is None:
             return "the kernelspec's argv is not the gate's ipykernel launch"
-        held = warm.holds(config, env)
-        if held is None:
-            return "the warm fingerprint does not hold"
-        if held[2] or held[3] or held[4] is not None:
-            return "the gate has a skill failure to report"
-        if not isinstance(venv, str) or os.path.abspath(venv) != held[0]:
-            return "the kernelspec's venv is not the fingerprint's"
-        if not switch.enabled(held[6], env):
-            return "kernels are not served"
-        return held[0], config
+        reason = gate.refusal(config, venv, env)
+        if reason is not None:
+            return reason
+        assert isinstance(venv, str) and isinstance(config, str)  # gate.refusal's None says so
+        return os.path.abspath(venv), config
 
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> KernelConnectionInfo:
         plan, self._plan = self._plan, None

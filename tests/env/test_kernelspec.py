@@ -49,12 +49,16 @@ def test_install_ensures_then_writes_a_spec_that_starts_the_kernel_through_run(
     # (bootstrap.cli.lean_run), then the gate: the console script installed beside that
     # interpreter (python -m bootstrap here), by absolute path, so Jupyter's PATH does not
     # matter; the lean entry execs it for anything it does not answer warm.
+    # Before them, where this install has it, the native stand-in (it asks the server itself,
+    # and execs the rest for anything else): with the venv and config it asks for.
     script = Path(sys.executable).parent / "kernel-bootstrap"
     package = Path(kernelspec.__file__).resolve().parents[2]
+    native = package / "bootstrap" / "kernels" / "kb-standin"
+    first = [str(native), str(world.venv), str(world.config)] if native.exists() else []
     assert out == {"name": "kernel-bootstrap", "path": str(path),
-                   "argv": [sys.executable, "-I", "-S", "-c", kernelspec.LEAN_CODE, str(package),
-                            str(script), "run", "--config", str(world.config), "--", "-m",
-                            "ipykernel_launcher", "-f", "{connection_file}"]}
+                   "argv": [*first, sys.executable, "-I", "-S", "-c", kernelspec.LEAN_CODE,
+                            str(package), str(script), "run", "--config", str(world.config),
+                            "--", "-m", "ipykernel_launcher", "-f", "{connection_file}"]}
     assert world.imports("ipykernel") and world.imports("alpha")
     spec = spec_at(path)
     assert spec["argv"] == out["argv"]

@@ -48,8 +48,11 @@ def run_in_kernel(code: str) -> tuple[dict[str, Any], str, int]:
 
 def test_the_kernelspec_starts_the_kernel_through_run(kernel_world: RealWorld) -> None:
     spec = jupyter_client.kernelspec.KernelSpecManager().get_kernel_spec("kernel-bootstrap")
-    assert spec.argv[1:3] == ["-I", "-S"]  # the lean entry (bootstrap.cli.lean_run)
-    assert spec.argv[7:10] == ["run", "--config", str(kernel_world.config)]
+    # The native stand-in (this checkout builds it), then the lean entry (bootstrap.cli.lean_run)
+    assert spec.argv[0].endswith("/kb-standin")
+    assert spec.argv[1:3] == [str(kernel_world.venv), str(kernel_world.config)]
+    assert spec.argv[4:6] == ["-I", "-S"]
+    assert spec.argv[10:13] == ["run", "--config", str(kernel_world.config)]
 
 
 def test_a_skill_added_after_the_install_imports_in_a_kernel_jupyter_starts(

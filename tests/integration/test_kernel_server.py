@@ -62,6 +62,28 @@ def kernel_world(kernel_worlds: KernelWorlds[RealWorld],
     yield kernel_world_copy(kernel_worlds, monkeypatch)
 
 
+@pytest.fixture(params=["native", "lean"])
+def standin(request: pytest.FixtureRequest, kernel_world: RealWorld) -> Iterator[str]:
+    """Which stand-in the kernelspec starts: the native one (this checkout has a C compiler
+    build it) or the lean Python one (what the native one execs for anything it does not
+    serve, and the only one an install without a compiler has). :func:`served` checks it."""
+    spec = Path(kernel_world.env["JUPYTER_DATA_DIR"]) / "kernels" / SPEC / "kernel.json"
+    data = json.loads(spec.read_text())
+    assert data["argv"][0].endswith("/kb-standin"), data["argv"]
+    if request.param == "lean":
+        data["argv"] = data["argv"][3:]
+        spec.write_text(json.dumps(data))
+    STANDIN[0] = request.param
+    try:
+        yield str(request.param)
+    finally:
+        STANDIN[0] = None
+
+
+# The stand-in the kernelspec starts (set by the standin fixture): what served() expects.
+STANDIN: list[str | None] = [None]
+
+
 def describe(world: RealWorld) -> dict[str, Any] | None:
     from bootstrap.kernels import info
 
@@ -89,9 +111,13 @@ def report(kernel: kernels.Started) -> dict[str, Any]:
 
 
 def served(kernel: kernels.Started, server: int) -> dict[str, Any]:
-    """The kernel's report, asserting the server forked it (the stand-in is another process)."""
+    """The kernel's report, asserting the server forked it (the stand-in is another process,
+    the one the standin fixture asked for)."""
     facts = report(kernel)
     assert facts["pid"] != kernel.pid and facts["ppid"] == server, facts
+    if STANDIN[0] is not None:
+        native = os.readlink(f"/proc/{kernel.pid}/exe").endswith("/kb-standin")
+        assert native == (STANDIN[0] == "native"), STANDIN[0]
     return facts
 
 
@@ -144,7 +170,7 @@ def test_a_served_kernel_is_as_fresh_as_a_bare_start(kernel_world: RealWorld,
 
 
 def test_an_interrupt_reaches_the_served_kernel_through_its_stand_in(
-        kernel_world: RealWorld) -> None:
+        kernel_world: RealWorld, standin: str) -> None:
     server = first_start(kernel_world)
     with kernels.running(SPEC) as kernel:
         pid = served(kernel, server)["pid"]
@@ -186,7 +212,8 @@ def interrupted(kernel: kernels.Started, code: str, started: Callable[[], bool]
 
 
 @pytest.mark.parametrize("how", ["shutdown_now", "sigkill_stand_in", "sigterm_stand_in"])
-def test_the_served_kernel_ends_with_its_stand_in(kernel_world: RealWorld, how: str) -> None:
+def test_the_served_kernel_ends_with_its_stand_in(kernel_world: RealWorld, how: str,
+                                                   standin: str) -> None:
     server = first_start(kernel_world)
     kernel = kernels.start(SPEC)
     try:
@@ -208,7 +235,7 @@ def test_the_served_kernel_ends_with_its_stand_in(kernel_world: RealWorld, how: 
 
 
 def test_a_kernel_that_exits_makes_its_stand_in_exit_with_its_code(
-        kernel_world: RealWorld) -> None:
+        kernel_world: RealWorld, standin: str) -> None:
     server = first_start(kernel_world)
     kernel = kernels.start(SPEC)
     try:

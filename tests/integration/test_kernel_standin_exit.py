@@ -19,11 +19,24 @@ from testing import kernels
 from testing.processes import alive, wait_for
 from tests.integration import test_kernel_server
 from tests.integration.conftest import RealWorld
-from tests.integration.test_kernel_server import SPEC, describe, first_start, served, server_log
+from tests.integration.test_kernel_server import (
+    SPEC,
+    describe,
+    first_start,
+    served,
+    server_log,
+)
 
 pytest.importorskip("jupyter_client")
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the kernel server is Linux's")
-kernel_world = test_kernel_server.kernel_world  # the fixture: pytest finds it in this module
+kernel_world = test_kernel_server.kernel_world  # the fixtures: pytest finds them in this module
+standin = test_kernel_server.standin
+
+
+@pytest.fixture(autouse=True)
+def _each_stand_in(standin: str) -> str:
+    """Every test here on both stand-ins."""
+    return standin
 
 
 def _start_with_stderr(tmp_path: Path) -> tuple[kernels.Started, Path]:

@@ -22,9 +22,13 @@ def server(tmp_path: Path) -> admission.Server:
     return admission.Server.now("/v/venv", "/v/.venv.gen-1", str(config), dict(os.environ), None)
 
 
+LAUNCH = ["-m", "ipykernel_launcher", "-f", "/k/kernel-1.json"]
+
+
 def request(server: admission.Server, **changes: object) -> dict[str, object]:
-    return {"kind": "kernel", "venv": server.venv, "generation": server.generation,
-            "config": server.config, "securebits": 0, **changes}
+    return {"kind": "kernel", "argv": LAUNCH, "venv": server.venv,
+            "generation": server.generation, "config": server.config, "securebits": 0,
+            **changes}
 
 
 def refusal(server: admission.Server, cwd: Path, message: dict[str, object] | None = None,
@@ -68,6 +72,14 @@ def test_a_request_for_another_venv_generation_or_config_gets_the_ordinary_start
         server: admission.Server, tmp_path: Path, field: str, value: object,
         reason: str) -> None:
     assert refusal(server, tmp_path, request(server, **{field: value})) == reason
+
+
+@pytest.mark.parametrize("argv", [["-c", "pass"], ["-m", "ipykernel_launcher"],
+                                  ["-X", "dev", *LAUNCH], ["-m", "http.server", "-f", "x"]])
+def test_what_is_no_ipykernel_launch_is_never_forked(server: admission.Server, tmp_path: Path,
+                                                     argv: list[str]) -> None:
+    # The server asks it itself: the native stand-in sends whatever follows the gate's `--`.
+    assert refusal(server, tmp_path, request(server, argv=argv)) == "not an ipykernel launch"
 
 
 def test_a_server_that_does_not_serve_refuses_everything(tmp_path: Path) -> None:
