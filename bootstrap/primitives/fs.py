@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 import shutil
 import stat
@@ -120,6 +121,16 @@ def is_real_dir(path: Path) -> bool:
         return False
 
 
+@functools.cache
+def libc_function(name: str) -> Any | None:
+    """The C library's function ``name`` through ctypes (errno kept for ``ctypes.get_errno``),
+    looked up once; None where the C library has none. Cold paths only: ``import ctypes`` costs
+    ~4 ms."""
+    import ctypes
+
+    return getattr(ctypes.CDLL(None, use_errno=True), name, None)
+
+
 def birth_time_ns(path: Path) -> int | None:
     """When ``path`` (followed if a symlink) was created, in ns since the epoch; None where the
     C library, the kernel or the file system does not record it.
@@ -130,7 +141,7 @@ def birth_time_ns(path: Path) -> int | None:
     import ctypes
     import struct
 
-    statx = getattr(ctypes.CDLL(None, use_errno=True), "statx", None)
+    statx = libc_function("statx")
     if statx is None:
         return None
     buf = ctypes.create_string_buffer(_STATX_SIZE)

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Final, Literal
 
 from bootstrap.errors import SkillError
-from bootstrap.primitives.fs import write_all
+from bootstrap.primitives.fs import libc_function, write_all
 from bootstrap.trees.skillmd import check_layout, check_skill_dir
 
 EntryKind = Literal["file", "dir", "symlink"]
@@ -329,7 +329,7 @@ def _syncfs() -> _SyncFs | None:
     release = tuple(int(p) for p in re.findall(r"\d+", platform.release())[:2])
     if not sys.platform.startswith("linux") or release < (5, 8):
         return None
-    fn: _SyncFs | None = getattr(ctypes.CDLL(None, use_errno=True), "syncfs", None)
+    fn: _SyncFs | None = libc_function("syncfs")
     return fn
 
 
