@@ -7,15 +7,18 @@ server killed outright leaves the stand-in to guess (SIGKILL)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
-from testing import kernels
+from testing import REPO_ROOT, kernels
 from testing.processes import alive, wait_for
 from tests.integration import test_kernel_server
 from tests.integration.conftest import RealWorld
@@ -121,3 +124,45 @@ def test_with_its_server_killed_outright_a_stand_in_guesses_sigkill_without_a_tr
     finally:
         kernels.stop(kernel)
     assert "Traceback" not in stderr.read_text(errors="replace")
+
+
+# A launcher of its own (jupyter_client sets JPY_PARENT_PID to it), on ports of a range no other
+# test uses; it reports the stand-in's pid and the kernel's, then waits to be killed.
+LAUNCHER = textwrap.dedent("""\
+    import json, sys, time
+    sys.path.insert(0, sys.argv[1])
+    from testing import kernels
+    kernels.reserve_ports(19500, 500)
+    kernel = kernels.start(sys.argv[2])
+    reply, printed = kernels.execute(kernel, "import os; print(os.getpid())")
+    print(json.dumps({"standin": kernel.pid, "kernel": int(printed)}), flush=True)
+    time.sleep(600)
+""")
+
+
+def test_a_launcher_that_dies_takes_its_served_kernel_and_stand_in_with_it(
+        kernel_world: RealWorld) -> None:
+    # ipykernel's parent poller, which a served kernel cannot run (its parent is the server):
+    # the stand-in plays it, as a bare kernel would end when its launcher is gone.
+    server = first_start(kernel_world)
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(REPO_ROOT), SPEC],
+                                stdout=subprocess.PIPE, text=True)
+    try:
+        assert launcher.stdout is not None
+        pids = json.loads(launcher.stdout.readline())
+        assert pids["kernel"] != pids["standin"] and alive(pids["kernel"])
+        assert os.getppid() != server and _parent(pids["kernel"]) == server  # served
+        os.kill(launcher.pid, signal.SIGKILL)
+        launcher.wait(timeout=30)
+        wait_for(lambda: not alive(pids["kernel"]), timeout=30)
+        wait_for(lambda: not alive(pids["standin"]), timeout=30)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+        stat = f.read()
+    return int(stat[stat.rindex(")") + 2:].split()[1])
