@@ -20,7 +20,9 @@ from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
 SOURCE = os.path.join("native", "standin.c")
 TARGET = os.path.join("bootstrap", "kernels", "kb-standin")
-FLAGS = ("-O2", "-std=c11", "-Wall", "-Wextra", "-Werror")
+# Warnings are not fatal here: another compiler's new warning must not cost a user the stand-in
+# (tests/test_packaging.py holds the source to no warning with this machine's compiler).
+FLAGS = ("-O2", "-std=c11", "-Wall", "-Wextra")
 
 
 class NativeStandIn(BuildHookInterface):  # type: ignore[type-arg]  # generic in its config

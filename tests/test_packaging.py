@@ -61,6 +61,15 @@ def test_a_wheel_built_with_a_c_compiler_ships_the_native_stand_in_for_its_platf
     assert (usage.returncode, usage.stderr) == (2, "usage: kb-standin VENV CONFIG FALLBACK...\n")
 
 
+@pytest.mark.skipif(sys.platform != "linux" or shutil.which("cc") is None,
+                    reason="the native stand-in is built on Linux with a C compiler")
+def test_the_native_stand_in_compiles_without_a_warning(tmp_path: Path) -> None:
+    done = subprocess.run(["cc", "-O2", "-std=c11", "-Wall", "-Wextra", "-Werror", "-o",
+                           str(tmp_path / "kb-standin"), str(REPO_ROOT / "native" / "standin.c")],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+
+
 def test_without_a_c_compiler_the_wheel_is_the_pure_python_one(tmp_path: Path) -> None:
     wheel = _build("wheel", tmp_path, env={"CC": "false"})  # a compiler that fails
     assert wheel.name.endswith("-py3-none-any.whl"), wheel.name
