@@ -45,7 +45,8 @@ class NativeStandIn(BuildHookInterface):  # type: ignore[type-arg]  # generic in
         compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
         source, target = os.path.join(self.root, SOURCE), os.path.join(self.root, TARGET)
         if compiler is None or not os.path.isfile(source):
-            self.app.display_warning("no C compiler: the wheel holds no native stand-in")
+            missing = "no C compiler" if compiler is None else f"no {SOURCE}"
+            self.app.display_warning(f"{missing}: the wheel holds no native stand-in")
             return None
         partial = f"{target}.{os.getpid()}.tmp"
         done = subprocess.run([compiler, *FLAGS, "-o", partial, source], capture_output=True,
@@ -57,4 +58,3 @@ class NativeStandIn(BuildHookInterface):  # type: ignore[type-arg]  # generic in
             return None
         os.replace(partial, target)
         return target
-

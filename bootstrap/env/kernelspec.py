@@ -185,8 +185,7 @@ def kernel_argv(config: Config) -> list[str]:
 def native_standin() -> str | None:
     """The native stand-in beside this package (a wheel built where a C compiler was: see
     hatch_build.py), if there is one to run: Linux only, as the kernel server."""
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "kernels",
-                        NATIVE_STANDIN)
+    path = os.path.join(package_parent(), "bootstrap", "kernels", NATIVE_STANDIN)
     if not sys.platform.startswith("linux") or not _executable(path):
         return None
     return path

@@ -58,8 +58,7 @@ def launch(venv: str, python: str, python_args: list[str], config_file: str) -> 
 def _ask(dirfd: int, venv: str, python_args: list[str], config_file: str) -> None:
     sock = _connect(dirfd)
     if sock is None:  # no socket (of ours), or nobody listening: no server, or one starting up
-        if not places.server_running(places.LOCK, dir_fd=dirfd):
-            _spawn(config_file)
+        if _spawned_unless_running(dirfd, config_file):
             return
         sock = _wait_for_server(dirfd)
         if sock is None:
@@ -76,8 +75,7 @@ def _ask(dirfd: int, venv: str, python_args: list[str], config_file: str) -> Non
         sock.close()
         _warn(f"the kernel server did not answer ({e or type(e).__name__})")
         # One that stopped as we asked (it lets go of its lock first) has no successor yet.
-        if not places.server_running(places.LOCK, dir_fd=dirfd):
-            _spawn(config_file)
+        _spawned_unless_running(dirfd, config_file)
         return
     _stand_in(sock, pid, replies)
 
@@ -165,6 +163,15 @@ class Replies:
         if message is None:
             raise ValueError("a malformed answer")
         return message
+
+
+def _spawned_unless_running(dirfd: int, config_file: str) -> bool:
+    """Spawn the next server unless one holds the lock in ``dirfd`` (a live one, or one
+    starting up); whether we did."""
+    if places.server_running(places.LOCK, dir_fd=dirfd):
+        return False
+    _spawn(config_file)
+    return True
 
 
 def _spawn(config_file: str) -> None:
