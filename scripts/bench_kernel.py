@@ -127,8 +127,8 @@ def kernel_world(root: Path) -> World:
                "--config", str(config)], world.env)
         check([KERNEL_BOOTSTRAP, "ensure", "--config", str(config)], world.env)  # fingerprint
     spec = json.loads((root / "jupyter" / "kernels" / SERVED / "kernel.json").read_text())
-    if spec["argv"][0].endswith("/kb-standin"):  # this install built the native stand-in
-        spec["argv"] = spec["argv"][3:]
+    if kernels.native_argv(spec["argv"]):  # this install built the native stand-in
+        spec["argv"] = kernels.lean_argv(spec["argv"])
         (root / "jupyter" / "kernels" / LEAN).mkdir()
         (root / "jupyter" / "kernels" / LEAN / "kernel.json").write_text(json.dumps(spec))
     return world

@@ -96,7 +96,7 @@ def served(pid: int, name: str) -> bool:
     for a start it does not serve)."""
     with open(f"/proc/{pid}/cmdline", "rb") as f:
         stayed = b"\0run\0" in f.read()
-    return stayed and os.readlink(f"/proc/{pid}/exe").endswith("/kb-standin") == (name == NATIVE)
+    return stayed and kernels.runs_native(pid) == (name == NATIVE)
 
 
 def kernel_world(root: Path, head: Path | None) -> World:
@@ -118,9 +118,9 @@ def kernel_world(root: Path, head: Path | None) -> World:
                             "--config", str(world.config)], world.env))
     spec_file = Path(out["path"]) / "kernel.json"
     spec = json.loads(spec_file.read_text())
-    if spec["argv"][0].endswith("/kb-standin"):  # the native stand-in, then the lean argv
+    if kernels.native_argv(spec["argv"]):  # the native stand-in, then the lean argv
         write_spec(spec_file.parent.parent / NATIVE, spec)
-        spec["argv"] = spec["argv"][3:]
+        spec["argv"] = kernels.lean_argv(spec["argv"])
         spec_file.write_text(json.dumps(spec, indent=1))
     assert spec["argv"][1:3] == ["-I", "-S"], spec["argv"]
     spec["argv"] = spec["argv"][6:]  # [<kernel-bootstrap>, "run", ...]: the console script

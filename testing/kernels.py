@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
+from bootstrap.env.kernelspec import NATIVE_STANDIN
 from testing import reaper
 
 if TYPE_CHECKING:
@@ -133,6 +134,23 @@ _PORTS: list[int] = []
 _NEXT_PORT = itertools.count()
 _PORTS_LOCK = threading.Lock()
 _PORT_NAMES = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
+
+
+def native_argv(argv: Sequence[str]) -> bool:
+    """Whether a kernelspec's ``argv`` starts the native stand-in (``kb-standin VENV CONFIG``
+    before the lean argv: bootstrap.env.kernelspec.kernel_argv)."""
+    return bool(argv) and os.path.basename(argv[0]) == NATIVE_STANDIN
+
+
+def lean_argv(argv: list[str]) -> list[str]:
+    """A kernelspec's ``argv`` without the native stand-in's three words: the lean argv it
+    execs for what it does not serve (the whole argv where it has none)."""
+    return argv[3:] if native_argv(argv) else argv
+
+
+def runs_native(pid: int) -> bool:
+    """Whether process ``pid`` is the native stand-in (it did not exec the lean argv)."""
+    return os.path.basename(os.readlink(f"/proc/{pid}/exe")) == NATIVE_STANDIN
 
 
 def reserve_ports(first: int, count: int) -> None:

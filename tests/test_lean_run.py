@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from bootstrap.env import kernelspec
+from testing import kernels
 from testing.world import World
 
 # The interpreter reports who it is, then exits with a code of its own.
@@ -34,8 +35,7 @@ def lean_argv(world: World, tmp_path: Path) -> list[str]:
     result = world.run("kernelspec", "install", "--json", "--prefix", str(tmp_path / "p"))
     assert result.returncode == 0, result.stderr
     argv: list[str] = json.loads(result.stdout)["argv"]
-    if argv[0].endswith("/kb-standin"):  # the native stand-in execs the rest: the lean argv
-        argv = argv[3:]
+    argv = kernels.lean_argv(argv)  # what the native stand-in, if any, execs
     gate = tmp_path / "gate"
     gate.write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path / 'gate.log'}\n"
                     f"exec {shlex.quote(argv[6])} \"$@\"\n")

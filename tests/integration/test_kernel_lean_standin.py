@@ -74,7 +74,7 @@ def imported(log: Path) -> set[str]:
 def lean(world: RealWorld) -> list[str]:
     """The installed kernelspec's lean argv: all of it, or what the native stand-in execs."""
     argv: list[str] = json.loads((spec_dir(world) / "kernel.json").read_text())["argv"]
-    return argv[3:] if argv[0].endswith("/kb-standin") else argv
+    return kernels.lean_argv(argv)
 
 
 def test_the_lean_stand_in_is_served_and_imports_only_the_standard_library(

@@ -41,7 +41,7 @@ def exe(pid: int) -> str:
 @pytest.fixture(autouse=True)
 def _native(kernel_world: RealWorld) -> None:
     argv = spec_argv(kernel_world)
-    if not argv[0].endswith("/kb-standin"):
+    if not kernels.native_argv(argv):
         assert shutil.which("cc") is None, f"a C compiler is here, yet no native stand-in: {argv}"
         pytest.skip("this install has no native stand-in (no C compiler built it)")
 

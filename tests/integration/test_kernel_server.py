@@ -70,12 +70,12 @@ def standin(request: pytest.FixtureRequest, kernel_world: RealWorld) -> Iterator
     serve, and the only one an install without a compiler has). :func:`served` checks it."""
     spec = Path(kernel_world.env["JUPYTER_DATA_DIR"]) / "kernels" / SPEC / "kernel.json"
     data = json.loads(spec.read_text())
-    if not data["argv"][0].endswith("/kb-standin"):  # an install no C compiler built it for
+    if not kernels.native_argv(data["argv"]):  # an install no C compiler built it for
         assert shutil.which("cc") is None, f"a C compiler is here, yet no native stand-in: {data}"
         if request.param == "native":
             pytest.skip("this install has no native stand-in (no C compiler built it)")
     elif request.param == "lean":
-        data["argv"] = data["argv"][3:]
+        data["argv"] = kernels.lean_argv(data["argv"])
         spec.write_text(json.dumps(data))
     STANDIN[0] = request.param
     try:
@@ -120,8 +120,7 @@ def served(kernel: kernels.Started, server: int) -> dict[str, Any]:
     facts = report(kernel)
     assert facts["pid"] != kernel.pid and facts["ppid"] == server, facts
     if STANDIN[0] is not None:
-        native = os.readlink(f"/proc/{kernel.pid}/exe").endswith("/kb-standin")
-        assert native == (STANDIN[0] == "native"), STANDIN[0]
+        assert kernels.runs_native(kernel.pid) == (STANDIN[0] == "native"), STANDIN[0]
     return facts
 
 
