@@ -9,12 +9,16 @@
    the kernel we are its stand-in, as bootstrap/kernels/standin.py is: signals relayed to the
    kernel's process group while its pidfd says it lives, ipykernel's parent poller played, and
    our exit the kernel's. Anything else (no server, a refusal, any doubt) execs FALLBACK, which
-   does all of it the Python way: no decision is ever ours alone. The protocol is
+   does all of it the Python way: no decision is ever ours alone. Before we ask, we bind the
+   ports the connection file names and send the listening sockets along ("bound"): the kernel
+   adopts them, and no other process can take a port in the meantime. The protocol is
    bootstrap/kernels/protocol.py's; docs/architecture.md says why a native stand-in. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <arpa/inet.h>
 #include <limits.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdint.h>
@@ -45,12 +49,21 @@ extern char **environ;
 #define FORK_TIMEOUT_MS 120000   /* client.py: queued -> forked */
 #define POLL_MS 1000             /* standin.py: the launcher's presence, as ipykernel checks */
 #define MAX_MESSAGE (4 << 20)    /* protocol.py */
+#define N_BOUND 5                /* protocol.py: a kernel's ports */
+#define BACKLOG 100              /* libzmq's default ZMQ_BACKLOG, which its own bind would use */
+#define MAX_CONNECTION_FILE 65536
 
 static char **fallback;
 static pid_t kernel = -1;
 static int pidfd = -1;
+static int bound_fd[N_BOUND];
+static long bound_port[N_BOUND];
+static int n_bound;
+
+static void release_bound(void);
 
 static void run_fallback(void) {
+    release_bound();
     execv(fallback[0], fallback);
     dprintf(2, "kernel-bootstrap: error: cannot start %s: %s\n", fallback[0], strerror(errno));
     _exit(127);
@@ -177,7 +190,12 @@ static void build_request(struct buf *b, char **python_args, const char *venv,
     put_key(b, "config"); put_string(b, config, strlen(config)); put(b, ",", 1);
     snprintf(num, sizeof num, "%d", securebits);
     puts_(b, "\"securebits\":"); puts_(b, num);
-    puts_(b, ",\"warm\":true}\n");
+    puts_(b, ",\"bound\":[");
+    for (int i = 0; i < n_bound; i++) {
+        snprintf(num, sizeof num, i ? ",%ld" : "%ld", bound_port[i]);
+        puts_(b, num);
+    }
+    puts_(b, "],\"warm\":true}\n");
 }
 
 /* -- where the server is: bootstrap/kernels/places.py, checked as it checks ------------------ */
@@ -260,17 +278,118 @@ static int next_line(int sock, int timeout_ms) {
     }
 }
 
-/* The integer value of "key" in a message of the server's ({"pid":12}), or -1 without one. */
-static long field(const char *key) {
+static const char *skip_space(const char *p) {
+    while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
+    return p;
+}
+
+/* Where the value of "key" starts in the JSON object `text`, or NULL without one. */
+static const char *value_of(const char *text, const char *key) {
     char pattern[32];
-    snprintf(pattern, sizeof pattern, "\"%s\":", key);
-    const char *at = strstr(line, pattern);
-    if (at == NULL) return -1;
+    snprintf(pattern, sizeof pattern, "\"%s\"", key);
+    for (const char *at = strstr(text, pattern); at; at = strstr(at + 1, pattern)) {
+        const char *p = skip_space(at + strlen(pattern));
+        if (*p == ':') return skip_space(p + 1);
+    }
+    return NULL;
+}
+
+/* The non-negative integer value of "key" in `text`, or -1 without one. */
+static long number(const char *text, const char *key) {
+    const char *at = value_of(text, key);
+    if (at == NULL || *at < '0' || *at > '9') return -1;
     char *end;
     errno = 0;
-    long value = strtol(at + strlen(pattern), &end, 10);
-    if (errno || end == at + strlen(pattern) || value < 0) return -1;
-    return value;
+    long value = strtol(at, &end, 10);
+    return errno ? -1 : value;
+}
+
+/* The integer value of "key" in a message of the server's ({"pid":12}), or -1 without one. */
+static long field(const char *key) { return number(line, key); }
+
+/* -- the kernel's ports, held from our start: the connection file's, bound as libzmq binds ---- */
+
+/* The connection file among PYTHON-ARGS (ipykernel's -f; the last one wins, as traitlets
+   reads it), or NULL. */
+static const char *connection_file(char **python_args) {
+    const char *file = NULL;
+    for (char **a = python_args; *a; a++) {
+        if (strcmp(*a, "-f") == 0 && a[1]) file = *++a;
+        else if (strncmp(*a, "-f=", 3) == 0) file = *a + 3;
+        else if (strncmp(*a, "--f=", 4) == 0) file = *a + 4;
+    }
+    return file;
+}
+
+/* The string value of "key" in `text` (no escapes, at most `size` - 1 bytes) into `out`. */
+static int string_of(const char *text, const char *key, char *out, size_t size) {
+    const char *at = value_of(text, key);
+    if (at == NULL || *at != '"') return -1;
+    const char *end = strchr(++at, '"');
+    if (end == NULL || (size_t)(end - at) >= size || memchr(at, '\\', (size_t)(end - at)))
+        return -1;
+    memcpy(out, at, (size_t)(end - at));
+    out[end - at] = '\0';
+    return 0;
+}
+
+static int listening(const struct in_addr *ip, long port) {
+    int one = 1, fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                               .sin_addr = *ip};
+    if (fd >= 0 && (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) < 0
+                    || bind(fd, (struct sockaddr *)&addr, sizeof addr) < 0
+                    || listen(fd, BACKLOG) < 0)) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* Bind what we can of the kernel's tcp ports on an IPv4 address; a port that fails (taken,
+   0 for "any") is left to the kernel, as is every port of a file we cannot read so. */
+static void bind_ports(char **python_args) {
+    static const char *names[N_BOUND] = {"shell_port", "iopub_port", "stdin_port",
+                                         "control_port", "hb_port"};
+    static char text[MAX_CONNECTION_FILE];
+    const char *path = connection_file(python_args);
+    int fd = path ? open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY) : -1;
+    struct stat st;
+    if (fd < 0) return;
+    ssize_t got = -1;
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size < MAX_CONNECTION_FILE)
+        got = read(fd, text, sizeof text - 1);
+    close(fd);
+    if (got <= 0) return;
+    text[got] = '\0';
+    char transport[8], host[INET_ADDRSTRLEN];
+    struct in_addr ip;
+    if (string_of(text, "transport", transport, sizeof transport) < 0
+            || strcmp(transport, "tcp") != 0
+            || string_of(text, "ip", host, sizeof host) < 0
+            || inet_pton(AF_INET, strcmp(host, "*") == 0 ? "0.0.0.0" : host, &ip) != 1)
+        return;
+    for (int i = 0; i < N_BOUND; i++) {
+        long port = number(text, names[i]);
+        int sock = port > 0 && port < 65536 ? listening(&ip, port) : -1;
+        if (sock < 0) continue;
+        bound_fd[n_bound] = sock;
+        bound_port[n_bound++] = port;
+    }
+}
+
+/* The kernel is forked: its copies hold the ports now. */
+static void close_bound(void) {
+    for (int i = 0; i < n_bound; i++) close(bound_fd[i]);
+    n_bound = 0;
+}
+
+/* Before the fallback starts the kernel the ordinary way: the copies we sent may never be
+   received (a stopped server's backlog holds them, and with them the ports), so the sockets
+   stop listening. Still bound, with SO_REUSEADDR as libzmq's binds have it, they do not keep
+   the kernel from its ports. */
+static void release_bound(void) {
+    for (int i = 0; i < n_bound; i++) shutdown(bound_fd[i], SHUT_RDWR);
 }
 
 static int connect_server(const char *venv) {
@@ -299,17 +418,19 @@ static int connect_server(const char *venv) {
 }
 
 static int send_request(int sock, struct buf *b) {
-    int fds[3] = {0, 1, 2};
-    char control[CMSG_SPACE(sizeof fds)];
-    memset(control, 0, sizeof control);
+    int fds[3 + N_BOUND] = {0, 1, 2};
+    memcpy(fds + 3, bound_fd, sizeof(int) * (size_t)n_bound);
+    size_t n = sizeof(int) * (size_t)(3 + n_bound);
+    union { char data[CMSG_SPACE(sizeof fds)]; struct cmsghdr aligned; } control;
+    memset(&control, 0, sizeof control);
     struct iovec iov = {b->data, b->len};
-    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control,
-                         .msg_controllen = sizeof control};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control.data,
+                         .msg_controllen = CMSG_SPACE(n)};
     struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
     c->cmsg_level = SOL_SOCKET;
     c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof fds);
-    memcpy(CMSG_DATA(c), fds, sizeof fds);
+    c->cmsg_len = CMSG_LEN(n);
+    memcpy(CMSG_DATA(c), fds, n);
     ssize_t sent = sendmsg(sock, &msg, MSG_NOSIGNAL);
     if (sent < 0) return -1;
     while ((size_t)sent < b->len) {
@@ -434,16 +555,19 @@ int main(int argc, char **argv) {
     const char *serving = getenv("KERNEL_BOOTSTRAP_KERNEL_SERVER");
     if (python_args == NULL || *python_args == NULL || (serving && strcmp(serving, "0") == 0))
         run_fallback();
+    int sock = connect_server(venv);
+    if (sock < 0) run_fallback();
+    bind_ports(python_args);
     struct buf request = {0};
     build_request(&request, python_args, venv, config);
-    int sock = connect_server(venv);
-    if (sock < 0 || send_request(sock, &request) < 0) run_fallback();
+    if (send_request(sock, &request) < 0) run_fallback();
     free(request.data);
     kernel = ask(sock);
     if (kernel <= 0) {
         close(sock);
         run_fallback();
     }
+    close_bound();
     stand_in(sock);
     return 1;
 }

@@ -2,7 +2,8 @@
 
 After the fork (in :mod:`loop`) the process is the server's copy; :class:`Job` turns it into the
 kernel ``python -m ipykernel_launcher -f FILE`` would have been, as far as user code can tell:
-its own session and process group (``setsid``), the stand-in's stdin/stdout/stderr on 0-2 and no
+its own session and process group (``setsid``), the stand-in's stdin/stdout/stderr on 0-2 (and
+the listening sockets it bound to the kernel's ports, adopted by the kernel's binds) and no
 other descriptor of the server's or of another kernel's (the generation pin's ``.in-use`` lock
 stays: it keeps the generation from removal, as in any process of the venv), the request's cwd,
 ``os.environ`` and what is read from it at start (``TZ``, ``tempfile``'s directory, the
@@ -30,7 +31,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +52,7 @@ class Job:
     preload_fds: frozenset[int] = frozenset()
     code: list[int] = field(default_factory=lambda: [0])
     ports: bool = False  # the request asked for the kernel's ports (protocol.py)
+    bound: list[int] = field(default_factory=list)  # the ports of fds[3:] (protocol.py)
 
     def __call__(self) -> None:
         """Become the kernel and run it at the top level of the interpreter (``BOOT``)."""
@@ -67,9 +69,11 @@ class Job:
         self._run()
 
     def _descriptors(self) -> None:
-        for target, fd in enumerate(self.fds):
+        for target, fd in enumerate(self.fds[:3]):
             os.dup2(fd, target)
-        close_descriptors({0, 1, 2, self.conn.fileno(), self.ready}, self.preload_fds)
+        held = self.fds[3:]
+        close_descriptors({0, 1, 2, self.conn.fileno(), self.ready, *held}, self.preload_fds)
+        hold_bound(dict(zip(self.bound, held)))  # noqa: B905  # 3.9 too
         fresh_streams()
 
     def _confine(self) -> None:
@@ -248,8 +252,9 @@ def _ipykernel_hooks(ready: int, ports: socket.socket | None = None) -> None:
     def initialized(self: object, argv: list[str] | None = None) -> None:
         try:
             failing(initialize, self, argv)
+            unbound(self)
             if ports is not None:
-                _send_ports(ports, self)
+                send_ports(ports, app_ports(self))
         finally:
             while open_:
                 os.close(open_.pop())
@@ -284,17 +289,73 @@ def failing(initialize: Callable[..., None], *args: Any) -> None:
 # holds a port for a moment, and a kernel that gave up at once was lost (issue 36).
 BIND_PATIENCE = 10.0
 
+# The listening sockets the native stand-in bound to the connection file's ports as it started
+# (protocol.py's "bound"), by port: each kernel socket bound to one of those ports adopts it.
+_held: dict[int, int] = {}
+
+
+def hold_bound(bound: dict[int, int]) -> None:
+    """Keep ``bound`` (port: descriptor) for the kernel's binds, closed on exec as a socket of
+    libzmq's is."""
+    for fd in bound.values():
+        os.set_inheritable(fd, False)
+    _held.update(bound)
+
+
+def unbound(app: Any) -> None:
+    """Close the held sockets of ports the kernel does not use (a connection file that changed
+    after the stand-in read it): a port nobody serves must not accept connections."""
+    used = set(app_ports(app).values())
+    for port in [p for p in _held if p not in used]:
+        os.close(_held.pop(port))
+
+
+def _adopt(owner: Any, sock: Any, port: object) -> None:
+    """Make zmq's bind of ``sock`` to ``port`` use the held socket of that port, if any and if
+    it is what the kernel would bind (ipykernel's ``transport`` and ``ip``)."""
+    if getattr(owner, "transport", None) != "tcp" or not isinstance(port, int) \
+            or port not in _held:
+        return
+    fd = _held.pop(port)
+    ip = getattr(owner, "ip", None)
+    if _listening(fd, ("0.0.0.0" if ip == "*" else ip, port)):
+        import importlib
+
+        sock.setsockopt(importlib.import_module("zmq").USE_FD, fd)  # zmq closes it at the end
+    else:
+        os.close(fd)
+
+
+def _listening(fd: int, address: tuple[object, object]) -> bool:
+    try:
+        probe = socket.socket(fileno=fd)
+    except OSError:
+        return False
+    try:
+        return probe.family == socket.AF_INET and probe.type == socket.SOCK_STREAM \
+            and probe.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) == 1 \
+            and probe.getsockname() == address
+    except OSError:
+        return False
+    finally:
+        probe.detach()
+
 
 def patient_binds() -> None:
     """ipykernel binds a port its connection file names once (a port 0 it picks anew, up to 100
     times): retry EADDRINUSE for :data:`BIND_PATIENCE` seconds instead, for the kernel's
-    sockets and its heartbeat's."""
+    sockets and its heartbeat's; and bind a port the stand-in holds by adopting its socket
+    (:func:`hold_bound`)."""
     import errno
     import importlib
     import time
 
     def patient(bind: Callable[..., Any]) -> Callable[..., Any]:
         def retrying(*args: Any) -> Any:
+            # IPKernelApp._try_bind_socket(self, s, port); Heartbeat._try_bind_socket(self)
+            owner = args[0]
+            sock, port = args[1:3] if len(args) >= 3 else (owner.socket, owner.port)
+            _adopt(owner, sock, port)
             deadline = time.monotonic() + BIND_PATIENCE
             while True:
                 try:
@@ -321,9 +382,13 @@ def patient_binds() -> None:
 _PORTS = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
 
 
-def _send_ports(conn: socket.socket, app: object) -> None:
-    """``{"ports": {...}}``: what the app bound for a connection file whose ports were 0."""
-    found = {name: getattr(app, name, None) for name in _PORTS}
+def app_ports(app: object) -> dict[str, object]:
+    """The ports an ``IPKernelApp`` bound, by the connection file's names."""
+    return {name: getattr(app, name, None) for name in _PORTS}
+
+
+def send_ports(conn: socket.socket, found: Mapping[str, object]) -> None:
+    """``{"ports": {...}}``: what the kernel binds for a connection file whose ports were 0."""
     if all(isinstance(port, int) and port > 0 for port in found.values()):
         with contextlib.suppress(OSError):  # the client is gone: the watchdog ends us
             conn.send(protocol.encode({"ports": found}), socket.MSG_DONTWAIT)

@@ -124,17 +124,22 @@ def _request(sock, request: dict[str, object], fds: tuple[int, ...] = (0, 1, 2),
     import struct
 
     data = protocol.encode(request)
-    packed = struct.pack(f"{protocol.N_FDS}i", *fds)
+    packed = struct.pack(f"{len(fds)}i", *fds)
     sent = sock.sendmsg([data], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, packed)])
     if sent < len(data):
         sock.sendall(data[sent:])
     replies = Replies(sock) if replies is None else replies
+    overtaking: list[bytes] = []  # a claimed spare's ports may come before the server's pid
     while True:
         message = replies.next()
         if message is None:
             raise ValueError("the server closed the connection")
         if "pid" in message and isinstance(message["pid"], int):
+            replies.queue[:0] = overtaking  # read next, in their order
             return message["pid"]
+        if "ports" in message:
+            overtaking.append(protocol.encode(message).rstrip(b"\n"))
+            continue
         if message.get("queued"):
             sock.settimeout(FORK_TIMEOUT)
             continue

@@ -157,7 +157,8 @@ class Server:
     def _read(self, conn: socket.socket) -> Any:
         pending = self.reading[conn.fileno()]
         try:
-            data, fds, flags, _ = socket.recv_fds(conn, 65536, protocol.N_FDS + 1)
+            data, fds, flags, _ = socket.recv_fds(conn, 65536,
+                                                  protocol.N_FDS + protocol.N_BOUND + 1)
         except BlockingIOError:
             return None
         except OSError:
@@ -189,7 +190,8 @@ class Server:
 
     def _kernel_request(self, pending: Pending, message: dict[str, object]) -> None:
         request = protocol.valid_request(message) if message.get("kind") == "kernel" else None
-        if request is None or len(pending.fds) != protocol.N_FDS:
+        bound = protocol.bound_ports(message, len(pending.fds))
+        if request is None or bound is None:
             self._answer(pending, {"error": "malformed request"})
             return
         stale = self.key.stale() if message.get("generation") != self.served.generation else None
@@ -205,6 +207,7 @@ class Server:
             return
         pending.request, pending.context = request, context
         pending.ports = message.get("ports") is True
+        pending.bound = bound
         self.last_request = time.monotonic()
         self._send(pending.conn, {"queued": True})
         self.queue.append(pending)
@@ -304,7 +307,8 @@ class Server:
             assert pending.context is not None
             return child.Job(pending.conn, pending.fds, ready_w, argv, cwd, self._kernel_env(env),
                              closing=self._closing_in_child, context=pending.context,
-                             preload_fds=self.preloaded.fds, ports=pending.ports)
+                             preload_fds=self.preloaded.fds, ports=pending.ports,
+                             bound=pending.bound)
         os.close(ready_w)
         self.starting[pid] = (ready_r, time.monotonic() + SETTLE)
         self.selector.register(ready_r, selectors.EVENT_READ, lambda fd, pid=pid: self._ready(pid))

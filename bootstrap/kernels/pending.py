@@ -15,7 +15,7 @@ from bootstrap.kernels import protocol
 from bootstrap.kernels.context import Context
 from bootstrap.kernels.serverlog import say
 
-# For a request to arrive whole (the stand-in sends it at once); a dribbler holds up to 4 fds.
+# For a request to arrive whole (the stand-in sends it at once); a dribbler holds up to 9 fds.
 READ_TIMEOUT = 1.0
 
 
@@ -31,14 +31,17 @@ class Pending:
         self.peer = 0  # the client's pid (SO_PEERCRED), whose context the kernel must carry
         self.context: Context | None = None
         self.ports = False  # the request asked for the kernel's ports (protocol.py)
+        self.bound: list[int] = []  # the ports of fds[N_FDS:], bound by the stand-in
 
     def take(self, fds: list[int], flags: int) -> bool:
         """Hold the descriptors that came with a chunk; False once the connection has sent
-        more than a request's :data:`protocol.N_FDS` in all (in one chunk or many, newline or
-        not) or more than one message could carry (``MSG_CTRUNC``): then it is to be closed
-        with all of them at once (one connection once made the server hold 12,011)."""
+        more than a request's most (:data:`protocol.N_FDS` + :data:`protocol.N_BOUND`) in all
+        (in one chunk or many, newline or not) or more than one message could carry
+        (``MSG_CTRUNC``): then it is to be closed with all of them at once (one connection
+        once made the server hold 12,011)."""
         self.fds += fds
-        return len(self.fds) <= protocol.N_FDS and not flags & socket.MSG_CTRUNC
+        limit = protocol.N_FDS + protocol.N_BOUND
+        return len(self.fds) <= limit and not flags & socket.MSG_CTRUNC
 
     def close(self) -> None:
         for fd in self.fds:

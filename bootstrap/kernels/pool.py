@@ -71,8 +71,10 @@ class Pool:
         pid = self.take(argv, env)
         if pid is None:
             return None
-        message = spare.claim_message(argv, cwd, env, pending.context, pending.ports)
-        return pid if self.claim(pid, message, [*pending.fds, pending.conn.fileno()]) else None
+        message = spare.claim_message(argv, cwd, env, pending.context, pending.ports,
+                                      pending.bound)
+        stdio, held = pending.fds[:protocol.N_FDS], pending.fds[protocol.N_FDS:]
+        return pid if self.claim(pid, message, [*stdio, pending.conn.fileno(), *held]) else None
 
     def fork(self, closing: Callable[[], None],
              preload_fds: frozenset[int]) -> spare.SpareJob | None:

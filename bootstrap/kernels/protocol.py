@@ -21,7 +21,16 @@ A kernel request may carry ``"ports": true`` (the jupyter_client provisioner's: 
 connection file with ports 0 and its key, so ipykernel binds ports of its choosing and no other
 process can take them first): the kernel then sends ``{"ports": {"shell_port": N, "iopub_port":
 N, "stdin_port": N, "control_port": N, "hb_port": N}}`` once ``IPKernelApp.initialize()`` has
-bound them, between ``pid`` and ``exit``.
+bound them, between ``pid`` and ``exit``. A claimed spare sends the ports it held listening
+since it was prepared (:func:`bootstrap.kernels.spare._own_ports`) as it takes the claim: that
+message may come before the server's ``pid``.
+
+A kernel request may carry ``"bound": [PORT, ...]`` (the native stand-in's): after 0, 1 and 2
+come that many more descriptors, listening TCP sockets the stand-in bound as it started to the
+ports its connection file names, in that order. The kernel binds those ports by adopting them
+(``ZMQ_USE_FD``, :func:`bootstrap.kernels.child.patient_binds`): jupyter_client picks ports by
+binding and closing them, and in a burst another process took one in the seconds before the
+kernel came to bind it (issue 36); held from the stand-in's first millisecond, none is taken.
 
 Standard library only: the server imports this in the venv's interpreter, the client on the
 warm path. The messages are JSON written and read by ``_json``, json's own C encoder and scanner,
@@ -34,6 +43,7 @@ from __future__ import annotations
 
 MAX_MESSAGE = 4 * 1024 * 1024  # an environment of a few MiB is not a kernel's
 N_FDS = 3
+N_BOUND = 5  # a kernel's ports: shell, iopub, stdin, control, heartbeat
 
 # Variables the interpreter reads only as it starts (and the locale, which decides the file
 # system encoding then): a request that sets one of them other than the server was started
@@ -138,6 +148,17 @@ def valid_request(message: dict[str, object]) -> tuple[list[str], str, dict[str,
                                           for k, v in env.items())):
         return None
     return argv, cwd, env
+
+
+def bound_ports(message: dict[str, object], n_fds: int) -> list[int] | None:
+    """The ports of a request's bound sockets (see the module docstring), one for each of its
+    descriptors after the first :data:`N_FDS` (``n_fds`` in all); None when malformed."""
+    bound = message.get("bound", [])
+    if not (isinstance(bound, list) and len(bound) == n_fds - N_FDS <= N_BOUND):
+        return None
+    if not all(type(port) is int and 0 < port < 65536 for port in bound):
+        return None
+    return bound if len(set(bound)) == len(bound) else None
 
 
 def served_module(python_args: list[str]) -> str | None:

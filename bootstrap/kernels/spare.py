@@ -38,14 +38,16 @@ from typing import Any
 from bootstrap.kernels import child, context, protocol, spare_reads, title
 
 _SOCKETS = ("shell_port", "stdin_port", "control_port", "iopub_port")  # init_sockets' order
+_PORTS = (*_SOCKETS, "hb_port")
 _MAX_CLAIM = 8 * 1024 * 1024
 
 
 def claim_message(argv: list[str], cwd: str, env: dict[str, str], ctx: context.Context,
-                  ports: bool) -> bytes:
+                  ports: bool, bound: list[int]) -> bytes:
     """The claim, length-prefixed: a pickle, since only the server holds the other end of the
-    spare's socket (its own fork)."""
-    data = pickle.dumps((argv, cwd, env, ctx, ports))
+    spare's socket (its own fork). Its descriptors: the kernel's 0-2, the request connection,
+    and the sockets of the ports ``bound`` (protocol.py)."""
+    data = pickle.dumps((argv, cwd, env, ctx, ports, bound))
     return struct.pack("!I", len(data)) + data
 
 
@@ -87,6 +89,11 @@ class Prepared:
     env: frozenset[str] | None
     stamps: dict[str, str]
     sys_path: list[str]  # before the preparation: init_path's insertion is redone at the claim
+    ports: dict[str, int]  # ports of its own, held listening for a provisioner's claim
+
+
+# Where a spare holds ports of its own: jupyter_client's default address for tcp kernels.
+OWN_IP = "127.0.0.1"
 
 
 def _prepare() -> Prepared:
@@ -103,7 +110,50 @@ def _prepare() -> Prepared:
     with spare_reads.recording_env() as looked_up, _deferred(app, starts):
         _initialize(app)
     del app._bind_socket  # the class's, at the claim
-    return Prepared(app, binds, starts, looked_up.names, spare_reads.stamps(app), sys_path)
+    return Prepared(app, binds, starts, looked_up.names, spare_reads.stamps(app), sys_path,
+                    _own_ports())
+
+
+def _own_ports() -> dict[str, int]:
+    """Five ports bound and listening on :data:`OWN_IP` (as libzmq binds: SO_REUSEADDR, its
+    backlog), held (:func:`child.hold_bound`) for the claim: a provisioner's kernel, whose
+    connection file leaves the ports to the kernel, gets these, and its provisioner has them
+    the moment the spare is claimed instead of once the kernel has bound (issue 36 item 3)."""
+    held = {}
+    for name in _PORTS:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((OWN_IP, 0))
+        sock.listen(100)
+        held[name] = sock.getsockname()[1]
+        child.hold_bound({held[name]: sock.detach()})
+    return held
+
+
+def _ports_of_own(prepared: Prepared, connection_file: str) -> dict[str, int] | None:
+    """The spare's own ports when the connection file leaves every port to the kernel (0) on
+    :data:`OWN_IP` over tcp, as a provisioner's does, written into it (one rename: whoever
+    reads it, jupyter_client or the kernel, reads it whole); None to bind what it names."""
+    import json
+    from pathlib import Path
+
+    from bootstrap.primitives.atomic import write_atomic
+
+    try:
+        with open(connection_file, encoding="utf-8") as f:
+            info = json.load(f)
+    except (OSError, ValueError):
+        return None  # ipykernel's own reading says what is wrong
+    if not isinstance(info, dict) or info.get("transport", "tcp") != "tcp" \
+            or info.get("ip") != OWN_IP or any(info.get(name, 0) != 0 for name in _PORTS):
+        return None
+    try:  # as jupyter_client writes it: indented, the key's file private
+        write_atomic(Path(connection_file), json.dumps({**info, **prepared.ports},
+                                                       indent=2).encode(),
+                     attempts=1, durable=False, mode=0o600)
+    except OSError:
+        return None
+    return prepared.ports
 
 
 def _initialize(app: Any) -> None:
@@ -162,9 +212,9 @@ def _send(ctrl: socket.socket, message: dict[str, object]) -> None:
 
 
 def _receive(ctrl: socket.socket) -> tuple[tuple[Any, ...], list[int]]:
-    """The claim and its descriptors (the kernel's 0-2 and its request connection); exits
-    when the server closed its end (it stopped, or was killed)."""
-    data, fds, _, _ = socket.recv_fds(ctrl, 65536, protocol.N_FDS + 1)
+    """The claim and its descriptors (see :func:`claim_message`); exits when the server closed
+    its end (it stopped, or was killed)."""
+    data, fds, _, _ = socket.recv_fds(ctrl, 65536, protocol.N_FDS + 1 + protocol.N_BOUND)
     while data and (len(data) < 4 or len(data) < 4 + struct.unpack("!I", data[:4])[0]):
         if len(data) > _MAX_CLAIM:
             break
@@ -172,10 +222,12 @@ def _receive(ctrl: socket.socket) -> tuple[tuple[Any, ...], list[int]]:
         if not more:
             break
         data += more
-    if len(fds) != protocol.N_FDS + 1 or len(data) < 4 \
-            or len(data) != 4 + struct.unpack("!I", data[:4])[0]:
+    if len(data) < 4 or len(data) != 4 + struct.unpack("!I", data[:4])[0]:
         os._exit(0)
-    return pickle.loads(data[4:]), fds
+    request = pickle.loads(data[4:])
+    if len(fds) != protocol.N_FDS + 1 + len(request[-1]):
+        os._exit(0)
+    return request, fds
 
 
 def _hold_output() -> list[int]:
@@ -201,8 +253,9 @@ def _replay(held: list[int]) -> None:
 
 def _claimed(prepared: Prepared, request: tuple[Any, ...], fds: list[int],
              held: list[int]) -> None:
-    argv, cwd, env, ctx, ports = request
+    argv, cwd, env, ctx, ports, bound = request
     conn = socket.socket(fileno=fds[3])
+    child.hold_bound(dict(zip(bound, fds[4:])))  # noqa: B905  # 3.9 too
     title.set_title([sys.orig_argv[0], *argv])
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):
@@ -218,32 +271,39 @@ def _claimed(prepared: Prepared, request: tuple[Any, ...], fds: list[int],
     child.fresh_state()
     code = [0]
     child.last_word(conn, code)
-    _finish_at_launch(prepared, argv[3], conn if ports else None)
+    own = _ports_of_own(prepared, argv[3]) if ports else None
+    if own is not None:  # the provisioner's wait ends here; the kernel binds them next
+        child.send_ports(conn, own)
+    _finish_at_launch(prepared, argv[3], conn if ports and own is None else None, own)
     child.run_module(argv[1], code)
 
 
 def _finish_at_launch(prepared: Prepared, connection_file: str,
-                      ports: socket.socket | None) -> None:
+                      ports: socket.socket | None, own: dict[str, int] | None) -> None:
     """Make the launcher's ``IPKernelApp.initialize()`` (``launch_instance`` finds the prepared
     app: it is the singleton) do the rest of the start."""
     app = prepared.app
 
     def initialize(self: Any, argv: list[str] | None = None) -> None:
-        child.failing(_finish, prepared, connection_file, ports)
+        child.failing(_finish, prepared, connection_file, ports, own)
 
     type(app).initialize = initialize
 
 
-def _finish(prepared: Prepared, connection_file: str, ports: socket.socket | None) -> None:
-    """What ``initialize()`` does after the preparation, for this request. A provisioner's
-    ports are sent as soon as they are bound and written: jupyter_client's own work after the
-    launch then overlaps the rest of the start (measured: 36 -> 30 ms a provisioned start)."""
+def _finish(prepared: Prepared, connection_file: str, ports: socket.socket | None,
+            own: dict[str, int] | None) -> None:
+    """What ``initialize()`` does after the preparation, for this request: on the spare's own
+    ports (``own``, sent already) or the connection file's. A provisioner's ports that the
+    kernel chooses are sent as soon as they are bound and written: jupyter_client's own work
+    after the launch then overlaps the rest of the start."""
     app = prepared.app
     app.connection_file = connection_file
     # Defaults ipykernel computed from the environment when it was imported (the server's).
     app.parent_handle = int(os.environ.get("JPY_PARENT_PID") or 0)
     app.interrupt = int(os.environ.get("JPY_INTERRUPT_EVENT") or 0)
     app.init_connection_file()
+    for name, port in (own or {}).items():
+        setattr(app, name, port)
     child.patient_binds()
     kind = type(app)
     for sock, name in zip(prepared.binds, _SOCKETS):  # noqa: B905  # 3.9 too
@@ -256,9 +316,11 @@ def _finish(prepared: Prepared, connection_file: str, ports: socket.socket | Non
     for start in prepared.starts[:1]:  # the IOPub thread: init_io's streams need it
         start()
     app.init_heartbeat()
-    app.write_connection_file()
+    child.unbound(app)
+    if own is None:  # else written already, before anyone was told the ports
+        app.write_connection_file()
     if ports is not None:
-        child._send_ports(ports, app)
+        child.send_ports(ports, child.app_ports(app))
     app.log_connection_info()
     app.init_io()
     kernel = app.kernel

@@ -69,7 +69,7 @@ def writing(path: Path, *, durable: bool = True) -> Iterator[BinaryIO]:
 
 
 def write_atomic(path: Path, data: bytes, *, attempts: int = WRITE_ATTEMPTS,
-                 durable: bool = True, sync_dir: bool = True) -> None:
+                 durable: bool = True, sync_dir: bool = True, mode: int = 0o644) -> None:
     """Replace ``path`` with ``data``: temp file beside it, fsync, ``os.replace``, fsync dir.
 
     Writing in place would leave a truncated file if we were killed mid-write (the marker of a
@@ -85,7 +85,7 @@ def write_atomic(path: Path, data: bytes, *, attempts: int = WRITE_ATTEMPTS,
     try:
         for attempt in range(1, attempts + 1):
             try:
-                write_file(tmp, data, sync=durable)
+                write_file(tmp, data, sync=durable, mode=mode)
                 os.replace(tmp, path)
                 break
             except OSError as e:

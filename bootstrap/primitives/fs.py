@@ -161,8 +161,9 @@ def write_all(fd: int, data: bytes | memoryview) -> None:
         view = view[os.write(fd, view):]
 
 
-def write_file(path: Path, data: bytes, *, exclusive: bool = False, sync: bool = False) -> None:
-    """Write ``data`` to ``path``; ``sync`` fsyncs it before closing.
+def write_file(path: Path, data: bytes, *, exclusive: bool = False, sync: bool = False,
+               mode: int = 0o644) -> None:
+    """Write ``data`` to ``path`` (created with ``mode``); ``sync`` fsyncs it before closing.
 
     ``exclusive`` refuses an existing path (and a symlink planted there) instead of truncating
     it. A failed write names the file: ``write(2)`` and ``fsync(2)`` name none, and a full disk
@@ -170,7 +171,7 @@ def write_file(path: Path, data: bytes, *, exclusive: bool = False, sync: bool =
     """
     flags = os.O_WRONLY | os.O_CREAT | _CLOEXEC | _BINARY
     flags |= (os.O_EXCL | _NOFOLLOW) if exclusive else os.O_TRUNC
-    fd = os.open(path, flags, 0o644)
+    fd = os.open(path, flags, mode)
     try:
         write_all(fd, data)
         if sync:

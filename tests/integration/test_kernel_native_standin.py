@@ -19,7 +19,13 @@ import pytest
 from testing import kernels
 from tests.integration import test_kernel_server
 from tests.integration.conftest import RealWorld
-from tests.integration.test_kernel_server import first_start, report, served, server_log
+from tests.integration.test_kernel_server import (
+    first_start,
+    report,
+    served,
+    server_log,
+    wait_for_server,
+)
 
 pytest.importorskip("jupyter_client")
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the kernel server is Linux's")
@@ -54,7 +60,7 @@ def test_the_native_stand_in_hands_the_kernel_to_the_server_and_stands_in_for_it
     # No server yet: the native stand-in execs the lean argv, an ordinary start that spawns one.
     with kernels.running(SPEC) as first:
         assert report(first)["pid"] == first.pid and exe(first.pid) != argv[0]
-    server = first_start(kernel_world)
+    server = wait_for_server(kernel_world)  # the one that start spawned
     with kernels.running(SPEC) as kernel:
         served(kernel, server)
         # What jupyter_client launched is the native program itself: it never exec'd.

@@ -137,6 +137,32 @@ def test_a_provisioned_kernel_comes_from_the_server_and_lives_a_kernels_life(
         kernels.stop(kernel)
 
 
+def test_a_claimed_spare_hands_the_provisioner_the_ports_it_held_since_it_was_prepared(
+        world: RealWorld) -> None:
+    # Issue 36 item 3: "ports and key chosen by the spare". The spare binds five ports while it
+    # prepares; a provisioner's claim (its connection file leaves the ports to the kernel) gets
+    # those, so its wait ends with the claim, before the kernel has bound anything itself.
+    from tests.integration.test_kernel_spares import spare_pids
+
+    kernels.stop(start(reserved=True))  # the ordinary start, which spawns the server
+    server = wait_for_server(world)
+    spare = spare_pids(world)[0]
+    held = kernels.listening_ports(spare)  # its five, and ipykernel's own IOPub pipe
+    kernel = start(reserved=False)
+    try:
+        assert_served(kernel, server)
+        assert kernel.pid == spare
+        info = kernel.manager.get_connection_info()
+        ports = {info[name] for name in ("shell_port", "iopub_port", "stdin_port",
+                                         "control_port", "hb_port")}
+        assert len(ports) == 5 and ports <= held
+        assert kernels.listening_ports(kernel.pid) == held
+        reply, printed = kernels.execute(kernel, "print(6 * 7)")
+        assert reply["status"] == "ok" and printed == "42\n"
+    finally:
+        kernels.stop(kernel)
+
+
 def test_a_served_kernels_exit_code_reaches_jupyter_client_and_a_refusal_starts_it_ordinarily(
         world: RealWorld) -> None:
     first = start(reserved=True)
