@@ -24,12 +24,13 @@ from testing import kernels
 from testing.processes import wait_for
 from tests.integration import test_kernel_server, test_kernel_spares
 from tests.integration.conftest import RealWorld
-from tests.integration.test_kernel_server import SPEC, first_start
+from tests.integration.test_kernel_server import SPEC, fake_server, first_start
 
 pytest.importorskip("jupyter_client")
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the kernel server is Linux's")
 kernel_world = test_kernel_server.kernel_world  # the fixture: pytest finds it in this module
 
+Received = tuple[dict[str, Any], list[socket.socket]]  # a request, the sockets after 0-2
 PORTS = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")  # the request's order
 
 
@@ -46,52 +47,36 @@ def connection_file(directory: Path, **changes: Any) -> tuple[Path, dict[str, An
 
 
 @contextlib.contextmanager
-def fake_server(world: RealWorld) -> Iterator[list[tuple[dict[str, Any], list[socket.socket]]]]:
-    """A listener of our own at the venv's server socket: it records each request and the
-    descriptors after 0-2 that came with it (as sockets), then closes the connection unanswered
-    (the stand-in then execs its fallback)."""
-    from bootstrap.kernels import places
-
-    directory = places.server_dir(str(world.venv))
-    assert directory is not None
-    dirfd = places.open_dir(directory, create=True)
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(places.sock_path(dirfd))
-    listener.listen(8)
-    received: list[tuple[dict[str, Any], list[socket.socket]]] = []
+def recording_server(world: RealWorld) -> Iterator[list[Received]]:
+    """A server of our own (test_kernel_server.fake_server) that records each request and the
+    descriptors after 0-2 that came with it (as sockets), holds the connection unanswered while
+    the block runs (a request waiting for its fork), then closes it: the stand-in then execs
+    its fallback."""
+    received: list[Received] = []
     release = threading.Event()
 
-    def serve() -> None:
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return
-            data, fds, _, _ = socket.recv_fds(conn, 1 << 20, 16)
-            while not data.endswith(b"\n"):
-                more = conn.recv(1 << 20)
-                if not more:
-                    break
-                data += more
-            for fd in fds[:3]:
-                os.close(fd)
-            received.append((json.loads(data), [socket.socket(fileno=fd) for fd in fds[3:]]))
-            release.wait(60)  # the request waits (for a fork, say) while the test looks
-            conn.close()
+    def record(conn: socket.socket) -> None:
+        data, fds, _, _ = socket.recv_fds(conn, 1 << 20, 16)
+        while not data.endswith(b"\n"):
+            more = conn.recv(1 << 20)
+            if not more:
+                break
+            data += more
+        for fd in fds[:3]:
+            os.close(fd)
+        received.append((json.loads(data), [socket.socket(fileno=fd) for fd in fds[3:]]))
+        release.wait(60)
 
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
     try:
-        yield received
+        with fake_server(world, record):
+            try:
+                yield received
+            finally:
+                release.set()
     finally:
-        release.set()
-        listener.shutdown(socket.SHUT_RDWR)
-        listener.close()
-        thread.join(timeout=10)
         for _, socks in received:
             for sock in socks:
                 sock.close()
-        os.close(dirfd)
 
 
 def native(world: RealWorld, connection: Path) -> list[str]:
@@ -121,7 +106,7 @@ def taken(port: int) -> bool:
 def test_the_native_stand_in_sends_the_connection_files_ports_bound_and_listening(
         kernel_world: RealWorld, tmp_path: Path) -> None:
     connection, info = connection_file(tmp_path)
-    with fake_server(kernel_world) as received:
+    with recording_server(kernel_world) as received:
         stand_in = subprocess.Popen(native(kernel_world, connection))
         try:
             wait_for(lambda: bool(received) or stand_in.poll() is not None, timeout=60)
@@ -143,7 +128,7 @@ def test_the_native_stand_in_sends_the_connection_files_ports_bound_and_listenin
 def test_a_port_taken_before_the_stand_in_is_left_to_the_kernel_and_the_rest_are_held(
         kernel_world: RealWorld, tmp_path: Path) -> None:
     connection, info = connection_file(tmp_path)
-    with socket.socket() as other, fake_server(kernel_world) as received:
+    with socket.socket() as other, recording_server(kernel_world) as received:
         other.bind(("127.0.0.1", info["stdin_port"]))
         other.listen()
         stand_in = subprocess.Popen(native(kernel_world, connection))
@@ -160,7 +145,7 @@ def test_a_stand_in_that_falls_back_lets_its_kernel_bind_the_ports_the_server_st
     # Here a server of our own holds them without answering; after its 2 s the stand-in runs
     # its fallback, the ordinary start, whose kernel must get its ports.
     connection, info = connection_file(tmp_path)
-    with fake_server(kernel_world) as received:
+    with recording_server(kernel_world) as received:
         stand_in = subprocess.Popen(native(kernel_world, connection))
         assert stand_in.wait(timeout=60) == 7
         assert received and len(received[0][1]) == len(PORTS)
@@ -175,7 +160,7 @@ def test_a_stand_in_that_falls_back_lets_its_kernel_bind_the_ports_the_server_st
 def test_what_the_stand_in_cannot_bind_as_the_kernel_would_it_leaves_to_the_kernel(
         kernel_world: RealWorld, tmp_path: Path, changes: dict[str, str]) -> None:
     connection, info = connection_file(tmp_path, **changes)
-    with fake_server(kernel_world) as received:
+    with recording_server(kernel_world) as received:
         stand_in = subprocess.Popen(native(kernel_world, connection))
         wait_for(lambda: bool(received) or stand_in.poll() is not None, timeout=60)
         assert received and received[0][0]["bound"] == [] and received[0][1] == []
@@ -187,7 +172,7 @@ def bound_request(world: RealWorld, connection: Path, info: dict[str, Any],
                   extra: list[str]) -> tuple[socket.socket, int, list[int]]:
     """Send the server the request the native stand-in sends, with listening sockets of our own
     on the connection file's ports: the connection, the kernel's pid, the sockets' inodes."""
-    from bootstrap.kernels import client, places
+    from bootstrap.kernels import client, provisioned
 
     held = []
     for name in PORTS:
@@ -199,23 +184,19 @@ def bound_request(world: RealWorld, connection: Path, info: dict[str, Any],
     python_args = ["-m", "ipykernel_launcher", "-f", str(connection), *extra]
     request = {**client._kernel_request(str(world.venv), python_args, str(world.config)),
                "bound": [info[name] for name in PORTS]}
-    directory = places.server_dir(str(world.venv))
-    assert directory is not None
-    dirfd = places.open_dir(directory, create=False)
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    inodes = [os.fstat(s.fileno()).st_ino for s in held]
+    conn = provisioned._connect(str(world.venv))  # as the provisioner connects
+    assert conn is not None
     try:
         conn.settimeout(120)
-        conn.connect(places.sock_path(dirfd))
         pid = client._request(conn, request, (0, 1, 2, *[s.fileno() for s in held]))
     except BaseException:
         conn.close()
         raise
     finally:
-        os.close(dirfd)
-        inodes = [os.fstat(s.fileno()).st_ino for s in held]
         for sock in held:
             sock.close()  # ours: the server's (then the kernel's) copies hold the ports
-    return conn, pid, inodes
+    return conn, pid, inodes  # the kernel lives while the connection does
 
 
 def socket_inodes(pid: int) -> set[int]:

@@ -5,13 +5,16 @@ server's death ends none of its kernels; nobody else can ask it for one."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -298,34 +301,45 @@ def test_a_server_that_stops_answering_mid_request_means_an_ordinary_start_and_a
 
 
 
-def test_a_server_gone_mid_request_is_replaced_by_the_next_start(kernel_world: RealWorld,
-                                                                 tmp_path: Path) -> None:
-    # What a client of a server that is stopping meets: its connection, still in the backlog,
-    # is closed unanswered, and the lock is free (the server lets go of it first). Here a
-    # listener of our own plays that server, deterministically.
-    import socket
-    import threading
-
+@contextlib.contextmanager
+def fake_server(world: RealWorld, handle: Callable[[socket.socket], None]) -> Iterator[None]:
+    """A listener of our own at the venv's server socket (no lock: no server runs) that gives
+    each connection to ``handle`` and then closes it, in a thread, until the block ends."""
     from bootstrap.kernels import places
 
-    directory = places.server_dir(str(kernel_world.venv))
+    directory = places.server_dir(str(world.venv))
     assert directory is not None
     dirfd = places.open_dir(directory, create=True)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(places.sock_path(dirfd))
     listener.listen(8)
 
-    def close_unanswered() -> None:
+    def serve() -> None:
         while True:
             try:
                 conn, _ = listener.accept()
             except OSError:
                 return
-            conn.close()
+            with conn:
+                handle(conn)
 
-    thread = threading.Thread(target=close_unanswered, daemon=True)
+    thread = threading.Thread(target=serve, daemon=True)
     thread.start()
     try:
+        yield
+    finally:
+        listener.shutdown(socket.SHUT_RDWR)
+        listener.close()
+        thread.join(timeout=70)
+        os.close(dirfd)
+
+
+def test_a_server_gone_mid_request_is_replaced_by_the_next_start(kernel_world: RealWorld,
+                                                                 tmp_path: Path) -> None:
+    # What a client of a server that is stopping meets: its connection, still in the backlog,
+    # is closed unanswered, and the lock is free (the server lets go of it first). Here a
+    # listener of our own plays that server, deterministically.
+    with fake_server(kernel_world, lambda conn: None):
         stderr = tmp_path / "stand-in.err"
         with stderr.open("wb") as err, kernels.running(SPEC, stderr=err) as kernel:
             assert report(kernel)["pid"] == kernel.pid  # the ordinary start
@@ -334,11 +348,6 @@ def test_a_server_gone_mid_request_is_replaced_by_the_next_start(kernel_world: R
         server = wait_for_server(kernel_world)
         with kernels.running(SPEC) as kernel:
             served(kernel, server)
-    finally:
-        listener.shutdown(socket.SHUT_RDWR)
-        listener.close()
-        thread.join(timeout=10)
-        os.close(dirfd)
 
 
 ATTEMPT = textwrap.dedent("""\
