@@ -399,21 +399,27 @@ def descendants(roots: Iterable[int], table: dict[int, Proc] | None = None) -> s
     return found
 
 
-def listening_ports(pid: int) -> set[int]:
-    """The TCP ports (IPv4) that process ``pid`` holds listening sockets on: its socket
-    descriptors' inodes, looked up in its network namespace's table (state 0A: LISTEN)."""
+def socket_inodes(pid: int) -> set[int]:
+    """The inodes of the sockets process ``pid`` holds descriptors of."""
     inodes = set()
     for fd in os.listdir(f"/proc/{pid}/fd"):
         with contextlib.suppress(OSError):
             target = os.readlink(f"/proc/{pid}/fd/{fd}")
             if target.startswith("socket:["):
-                inodes.add(target[len("socket:["):-1])
+                inodes.add(int(target[len("socket:["):-1]))
+    return inodes
+
+
+def listening_ports(pid: int) -> set[int]:
+    """The TCP ports (IPv4) that process ``pid`` holds listening sockets on: its socket
+    descriptors' inodes, looked up in its network namespace's table (state 0A: LISTEN)."""
+    inodes = socket_inodes(pid)
     ports = set()
     with open(f"/proc/{pid}/net/tcp", encoding="ascii") as table:
         next(table)  # the header
         for line in table:
             fields = line.split()
-            if fields[3] == "0A" and fields[9] in inodes:
+            if fields[3] == "0A" and int(fields[9]) in inodes:
                 ports.add(int(fields[1].rsplit(":", 1)[1], 16))
     return ports
 

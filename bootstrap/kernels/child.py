@@ -379,12 +379,9 @@ def patient_binds() -> None:
             kind._try_bind_socket.patient = True
 
 
-_PORTS = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
-
-
 def app_ports(app: object) -> dict[str, object]:
     """The ports an ``IPKernelApp`` bound, by the connection file's names."""
-    return {name: getattr(app, name, None) for name in _PORTS}
+    return {name: getattr(app, name, None) for name in protocol.PORTS}
 
 
 def send_ports(conn: socket.socket, found: Mapping[str, object]) -> None:

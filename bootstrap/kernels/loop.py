@@ -157,8 +157,7 @@ class Server:
     def _read(self, conn: socket.socket) -> Any:
         pending = self.reading[conn.fileno()]
         try:
-            data, fds, flags, _ = socket.recv_fds(conn, 65536,
-                                                  protocol.N_FDS + protocol.N_BOUND + 1)
+            data, fds, flags, _ = socket.recv_fds(conn, 65536, protocol.MAX_FDS + 1)
         except BlockingIOError:
             return None
         except OSError:

@@ -35,13 +35,12 @@ class Pending:
 
     def take(self, fds: list[int], flags: int) -> bool:
         """Hold the descriptors that came with a chunk; False once the connection has sent
-        more than a request's most (:data:`protocol.N_FDS` + :data:`protocol.N_BOUND`) in all
+        more than a request's most (:data:`protocol.MAX_FDS`) in all
         (in one chunk or many, newline or not) or more than one message could carry
         (``MSG_CTRUNC``): then it is to be closed with all of them at once (one connection
         once made the server hold 12,011)."""
         self.fds += fds
-        limit = protocol.N_FDS + protocol.N_BOUND
-        return len(self.fds) <= limit and not flags & socket.MSG_CTRUNC
+        return len(self.fds) <= protocol.MAX_FDS and not flags & socket.MSG_CTRUNC
 
     def close(self) -> None:
         for fd in self.fds:

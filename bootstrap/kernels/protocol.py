@@ -43,7 +43,10 @@ from __future__ import annotations
 
 MAX_MESSAGE = 4 * 1024 * 1024  # an environment of a few MiB is not a kernel's
 N_FDS = 3
-N_BOUND = 5  # a kernel's ports: shell, iopub, stdin, control, heartbeat
+# A kernel's ports by their connection-file names, in the order of a request's "bound" sockets.
+PORTS = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
+N_BOUND = len(PORTS)
+MAX_FDS = N_FDS + N_BOUND  # the most descriptors a request carries
 
 # Variables the interpreter reads only as it starts (and the locale, which decides the file
 # system encoding then): a request that sets one of them other than the server was started

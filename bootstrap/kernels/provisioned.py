@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from bootstrap.kernels import client, places
+from bootstrap.kernels.protocol import PORTS
 
-PORTS = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
 EXIT_WAIT = 5.0  # the server sends the status as it reaps; a killed server's end closes at once
 
 

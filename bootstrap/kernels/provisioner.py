@@ -36,7 +36,8 @@ from jupyter_client.provisioning.local_provisioner import LocalProvisioner
 from jupyter_client.provisioning.provisioner_base import KernelProvisionerBase
 
 from bootstrap.kernels import gate, protocol, provisioned
-from bootstrap.kernels.provisioned import PORTS, Plan, Served
+from bootstrap.kernels.protocol import PORTS
+from bootstrap.kernels.provisioned import Plan, Served
 
 # What start_kernel may hand the launch for a served start; any other keyword (a pipe to read,
 # preexec_fn, ...) or an independent kernel (it must outlive us) gets the ordinary start.

@@ -38,7 +38,6 @@ from typing import Any
 from bootstrap.kernels import child, context, protocol, spare_reads, title
 
 _SOCKETS = ("shell_port", "stdin_port", "control_port", "iopub_port")  # init_sockets' order
-_PORTS = (*_SOCKETS, "hb_port")
 _MAX_CLAIM = 8 * 1024 * 1024
 
 
@@ -120,7 +119,7 @@ def _own_ports() -> dict[str, int]:
     connection file leaves the ports to the kernel, gets these, and its provisioner has them
     the moment the spare is claimed instead of once the kernel has bound (issue 36 item 3)."""
     held = {}
-    for name in _PORTS:
+    for name in protocol.PORTS:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((OWN_IP, 0))
@@ -145,7 +144,7 @@ def _ports_of_own(prepared: Prepared, connection_file: str) -> dict[str, int] | 
     except (OSError, ValueError):
         return None  # ipykernel's own reading says what is wrong
     if not isinstance(info, dict) or info.get("transport", "tcp") != "tcp" \
-            or info.get("ip") != OWN_IP or any(info.get(name, 0) != 0 for name in _PORTS):
+            or info.get("ip") != OWN_IP or any(info.get(name, 0) != 0 for name in protocol.PORTS):
         return None
     try:  # as jupyter_client writes it: indented, the key's file private
         write_atomic(Path(connection_file), json.dumps({**info, **prepared.ports},
@@ -214,7 +213,7 @@ def _send(ctrl: socket.socket, message: dict[str, object]) -> None:
 def _receive(ctrl: socket.socket) -> tuple[tuple[Any, ...], list[int]]:
     """The claim and its descriptors (see :func:`claim_message`); exits when the server closed
     its end (it stopped, or was killed)."""
-    data, fds, _, _ = socket.recv_fds(ctrl, 65536, protocol.N_FDS + 1 + protocol.N_BOUND)
+    data, fds, _, _ = socket.recv_fds(ctrl, 65536, protocol.MAX_FDS + 1)
     while data and (len(data) < 4 or len(data) < 4 + struct.unpack("!I", data[:4])[0]):
         if len(data) > _MAX_CLAIM:
             break

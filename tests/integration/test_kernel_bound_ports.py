@@ -20,8 +20,9 @@ from typing import Any
 
 import pytest
 
+from bootstrap.kernels.protocol import PORTS  # a request's "bound" order
 from testing import kernels
-from testing.processes import wait_for
+from testing.processes import alive, wait_for
 from tests.integration import test_kernel_server, test_kernel_spares
 from tests.integration.conftest import RealWorld
 from tests.integration.test_kernel_server import SPEC, fake_server, first_start
@@ -31,7 +32,6 @@ pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the kernel serv
 kernel_world = test_kernel_server.kernel_world  # the fixture: pytest finds it in this module
 
 Received = tuple[dict[str, Any], list[socket.socket]]  # a request, the sockets after 0-2
-PORTS = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")  # the request's order
 
 
 def connection_file(directory: Path, **changes: Any) -> tuple[Path, dict[str, Any]]:
@@ -199,16 +199,6 @@ def bound_request(world: RealWorld, connection: Path, info: dict[str, Any],
     return conn, pid, inodes  # the kernel lives while the connection does
 
 
-def socket_inodes(pid: int) -> set[int]:
-    found = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        with contextlib.suppress(OSError):
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-            if target.startswith("socket:["):
-                found.add(int(target[len("socket:["):-1]))
-    return found
-
-
 @pytest.mark.parametrize("how", ["forked", "spare"])
 def test_the_served_kernel_serves_on_the_very_sockets_the_request_brought(
         kernel_world: RealWorld, tmp_path: Path, how: str) -> None:
@@ -219,18 +209,18 @@ def test_the_served_kernel_serves_on_the_very_sockets_the_request_brought(
     connection, info = connection_file(tmp_path)
     conn, pid, inodes = bound_request(kernel_world, connection, info, extra)
     try:
-        assert _stat(pid)[1] == str(server)
+        assert kernels.processes()[pid].ppid == server
         assert (pid == spare) == (how == "spare")
         client = kernels.probe_client(connection)
         try:
-            reply = kernels.answer(client, alive=lambda: not _zombie(pid))
+            reply = kernels.answer(client, alive=lambda: alive(pid))
         finally:
             kernels.close_client(client)
         assert reply["status"] == "ok"
         # Adopted, not bound anew: the kernel's listening sockets are the ones we sent; a
         # spare's own five ports (held for a provisioner's claim) are closed: what else it
         # listens on is ipykernel's IOPub pipe.
-        assert set(inodes) <= socket_inodes(pid)
+        assert set(inodes) <= kernels.socket_inodes(pid)
         assert len(kernels.listening_ports(pid) - {info[name] for name in PORTS}) <= 1
         assert all(taken(info[name]) for name in PORTS)
     finally:
@@ -238,16 +228,5 @@ def test_the_served_kernel_serves_on_the_very_sockets_the_request_brought(
     # Once it has ended (all its threads: a zombie's last ones may still be closing), the
     # ports are free again: no copy of the sockets stayed behind, in the server or elsewhere.
     wait_for(lambda: not any(taken(info[name]) for name in PORTS), timeout=60)
-    assert not os.path.exists(f"/proc/{pid}/task") or _zombie(pid)
+    assert not alive(pid)
 
-
-def _stat(pid: int) -> list[str]:
-    """/proc/PID/stat's fields after the command: state, ppid, ..."""
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        return _stat(pid)[0] == "Z"
-    except OSError:
-        return True

@@ -20,6 +20,7 @@ from testing import kernels
 from tests.integration import test_kernel_server
 from tests.integration.conftest import RealWorld
 from tests.integration.test_kernel_server import (
+    SPEC,
     first_start,
     report,
     served,
@@ -30,7 +31,6 @@ from tests.integration.test_kernel_server import (
 pytest.importorskip("jupyter_client")
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the kernel server is Linux's")
 
-SPEC = "kernel-bootstrap"
 kernel_world = test_kernel_server.kernel_world  # the fixture: pytest finds it in this module
 
 
