@@ -207,11 +207,15 @@ def test_the_served_kernel_serves_on_the_very_sockets_the_request_brought(
     # An argument beyond `-f FILE` is forked: a spare parsed no command line.
     extra = [] if how == "spare" else ["--IPKernelApp.log_level=30"]
     connection, info = connection_file(tmp_path)
+    # The client reads a copy: the kernel writes its file back as it starts, by removing it
+    # and creating it again (jupyter_core's secure_write), so the file may be missing a moment.
+    ours = tmp_path / "client.json"
+    ours.write_text(json.dumps(info))
     conn, pid, inodes = bound_request(kernel_world, connection, info, extra)
     try:
         assert kernels.processes()[pid].ppid == server
         assert (pid == spare) == (how == "spare")
-        client = kernels.probe_client(connection)
+        client = kernels.probe_client(ours)
         try:
             reply = kernels.answer(client, alive=lambda: alive(pid))
         finally:
