@@ -17,7 +17,8 @@ waiting), then shut down (``now=True``). Interleaved rounds, order rotating, cel
 - single starts: *served* and *provisioner* with the server up and its spare ready (after the
   first); *first*, the served kernelspec with no server (stopped before, waited for after,
   untimed); *bare*; *direct*; *served* and *bare* through ``wait_for_ready`` instead of the
-  probe, as most launchers wait;
+  probe, as most launchers wait; jupyter_client's *floor* (a provisioner that starts nothing:
+  its kernel is one already running), through the probe and through ``wait_for_ready``;
 - ``--b2b-rounds`` times, three starts of *served* back to back (each right after the previous
   one's reply, the first with no server): which were served;
 - ``--burst`` kernels requested at once (a thread each, jupyter_client's own ports): wall time
@@ -26,6 +27,9 @@ waiting), then shut down (``now=True``). Interleaved rounds, order rotating, cel
   user pays for them. *served*: the stand-ins (the ``run`` processes jupyter_client started),
   the server and all below it (kernels, spares) and any fork of it elsewhere; *bare*, *direct*:
   the launched processes and all below them (the kernel: ``run`` execs it);
+- and for *served*, where each of its kernels' private pages comes from: a copy of a page the
+  server still has (by how many of its words differ) or a new one (with ptrace access to the
+  server: root);
 - the idle server: user + system CPU (/proc/PID/stat) of the server and its spares over
   ``--idle-seconds``, no kernel running;
 - as before issue 29, a warm ``kernel-bootstrap run -- -c pass`` against ``python -c pass``.
@@ -60,10 +64,12 @@ from bench_kernel_starts import (
     BackToBack,
     b2b_table,
     back_to_back,
+    copied_pages,
     fast_table,
     fast_variants,
     floor_kernelspec,
     lost_in_burst,
+    pages_table,
     pss_kib,
     ready_start,
 )
@@ -90,6 +96,7 @@ LEAN = "kb-served-lean"  # the served kernelspec without the native stand-in: it
 FIRST = "first"  # the served kernelspec with no server yet
 FLOOR = "floor"  # a provisioner that starts nothing: jupyter_client's own cost
 READY_SERVED, READY_BARE = "ready-served", "ready-bare"  # through wait_for_ready
+READY_FLOOR = "ready-floor"  # the floor through wait_for_ready
 # Kernels' output: banners would bury the tables; stderr goes to the run's log (main opens it).
 QUIET: dict[str, Any] = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
 FAILED: list[str] = []  # bursts run again because a kernel died (the burst table says so)
@@ -203,6 +210,7 @@ def log_lines() -> list[str]:
 
 
 LOST: dict[str, list[int]] = {}  # kernels of each kind that died in a burst, per round
+PAGES: list[dict[str, int]] = []  # where the idle served kernels' private pages come from
 
 
 def burst(name: str, n: int) -> float:
@@ -223,12 +231,16 @@ def pss(name: str, n: int) -> dict[str, tuple[int, int]]:
         time.sleep(2.0)  # idle: past their start-up's last allocations
         table = kernels.processes()
         parts = {"launched": kernels.descendants([k.pid for k in started.kernels], table)}
+        main = None
         if name in (SERVED, LEAN):
             tree, main = kernelserver.tree(TAG, table), kernelserver.find(TAG)
             assert main is not None
             parts |= {"server": {main.pid}, "kernels": tree - {main.pid}}
-        return {part: (sum(map(pss_kib, pids)), len(pids))
-                for part, pids in parts.items()}
+        sizes = {part: (sum(map(pss_kib, pids)), len(pids)) for part, pids in parts.items()}
+        if name == SERVED and main is not None:  # after the PSS, which it must not change
+            found = [copied_pages(pid, main.pid) for pid in sorted(parts["kernels"])]
+            PAGES[:] = [g for g in found if g is not None]
+        return sizes
     finally:
         kernels.stop_all(started.kernels)
         settle_kernels(60.0)
@@ -257,7 +269,8 @@ STARTS = ((SERVED, "served, after the first (server up, spare ready)", NATIVE_AR
           (BARE, "bare: through `run`, `kernel-server = false`", NATIVE_ARGV),
           (DIRECT, "`--direct`", "VENV/bin/python -m ipykernel_launcher -f F"),
           (READY_SERVED, "served, through wait_for_ready", NATIVE_ARGV),
-          (READY_BARE, "bare, through wait_for_ready", NATIVE_ARGV))
+          (READY_BARE, "bare, through wait_for_ready", NATIVE_ARGV),
+          (READY_FLOOR, "jupyter_client's floor, through wait_for_ready", "(none)"))
 
 
 def start_table(times: dict[str, list[Timing]], rounds: int) -> Table:
@@ -335,8 +348,9 @@ def targets(starts: dict[str, list[Timing]], walls: dict[str, list[float]],
              f"{r(SERVED):.3f}x", verdict(r(SERVED), 0.1, 0.05)],
             ["provisioner start / bare (jupyter_client's floor / bare)", "<= 0.06x", "<= 0.04x",
              f"{r(PROV):.3f}x ({r(FLOOR):.3f}x)", verdict(r(PROV), 0.06, 0.04)],
-            ["served / bare, both through wait_for_ready", "<= 0.45x", "<= 0.35x",
-             f"{r(READY_SERVED, READY_BARE):.3f}x",
+            ["served / bare, both through wait_for_ready (jupyter_client's floor / bare)",
+             "<= 0.45x", "<= 0.35x",
+             f"{r(READY_SERVED, READY_BARE):.3f}x ({r(READY_FLOOR, READY_BARE):.3f}x)",
              verdict(r(READY_SERVED, READY_BARE), 0.45, 0.35)],
             ["first start / bare", "<= 1.05x", "<= 1.0x", f"{r(FIRST):.3f}x",
              verdict(r(FIRST), 1.05, 1.0)],
@@ -396,6 +410,8 @@ def measure(args: argparse.Namespace, world: World) -> list[Table]:
         if running is not None:
             name = floor_kernelspec(Path(os.environ["JUPYTER_DATA_DIR"]), running)
             singles[FLOOR] = functools.partial(floor_start, name)
+            singles[READY_FLOOR] = functools.partial(ready_start, name, QUIET, lambda: None,
+                                                     lambda: None)
         starts = interleave(singles, args.rounds)
     finally:
         if running is not None:
@@ -409,6 +425,8 @@ def measure(args: argparse.Namespace, world: World) -> list[Table]:
     sizes = {k: pss(k, args.pss) for k in kinds if k != PROV}
     tables = [start_table(starts, args.rounds), burst_table(walls, args.burst, args.burst_rounds),
               pss_table(sizes, args.pss)]
+    if PAGES:  # else no ptrace access to the server (bench_kernel_starts.copied_pages)
+        tables.append(pages_table(PAGES))
     if served:
         idle = idle_cpu(args.idle_seconds)
         tables.insert(1, b2b_table(pairs))
