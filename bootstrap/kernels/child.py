@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bootstrap.kernels import context as contexts
-from bootstrap.kernels import protocol, title
+from bootstrap.kernels import module_list, protocol, title
 
 
 @dataclass
@@ -238,7 +238,8 @@ def _watchdog(fd: int) -> None:
 def _ipykernel_hooks(ready: int, ports: socket.socket | None = None) -> None:
     """Tell the server when ``IPKernelApp.initialize()`` is done (it bounds how many kernels
     start at once), and the client the ports it bound then (``ports``: the request connection,
-    when the request asked), and create no parent poller (see the module docstring)."""
+    when the request asked), create no parent poller (see the module docstring), and make the
+    kernel with the server's list of modules (:mod:`module_list`)."""
     import importlib
 
     try:
@@ -262,8 +263,15 @@ def _ipykernel_hooks(ready: int, ports: socket.socket | None = None) -> None:
     def no_poller(self: object) -> None:
         self.poller = None  # type: ignore[attr-defined]
 
+    init_kernel = app.init_kernel
+
+    def listed_init_kernel(self: object) -> None:
+        with module_list.listed():
+            init_kernel(self)
+
     app.initialize = initialized
     app.init_poller = no_poller
+    app.init_kernel = listed_init_kernel
     patient_binds()
 
 

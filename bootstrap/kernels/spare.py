@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from bootstrap.kernels import child, context, protocol, spare_reads, title
+from bootstrap.kernels import child, context, module_list, protocol, spare_reads, title
 
 _SOCKETS = ("shell_port", "stdin_port", "control_port", "iopub_port")  # init_sockets' order
 _MAX_CLAIM = 8 * 1024 * 1024
@@ -192,7 +192,8 @@ def _deferred(app: Any, starts: list[Callable[[], None]]) -> Iterator[None]:
         for thread in (self.control_thread, self.shell_channel_thread):
             if thread is not None:
                 thread.start = (lambda t=thread: starts.append(lambda: type(t).start(t)))
-        init_kernel(self)
+        with module_list.listed():
+            init_kernel(self)
         for thread in (self.control_thread, self.shell_channel_thread):
             if thread is not None:
                 del thread.start

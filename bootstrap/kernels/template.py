@@ -9,8 +9,9 @@ any process of the venv, and without a ``sys.path`` entry for the tool (``BOOT``
 Before any request: the preload (:mod:`preload`: a kernel's own imports, overlapping the first
 start without slowing it, and ``kernel-preload``'s, bounded in time, checked for threads; how far
 it is, in ``progress`` for the starts meanwhile: :mod:`progress`), the server's own context and
-what it compares requests with (:mod:`admission`), then ``gc.freeze()`` so that forked kernels
-share those pages instead of copying them at their first collection. No thread, zmq context or
+what it compares requests with (:mod:`admission`), the modules a kernel lists for its debugger
+(:mod:`module_list`), then ``gc.freeze()`` so that forked kernels share those pages instead of
+copying them at their first collection. No thread, zmq context or
 event loop exists before a fork: none survives one.
 """
 
@@ -21,7 +22,7 @@ import json
 import os
 import sys
 
-from bootstrap.kernels import handover, places, preload, title
+from bootstrap.kernels import handover, module_list, places, preload, title
 from bootstrap.kernels.progress import Progress
 from bootstrap.kernels.serverlog import say
 
@@ -65,6 +66,7 @@ def main(argv: list[str]):  # type: ignore[no-untyped-def]  # -> Callable | None
 
     key = Key.now(settings["venv"], argv[1])
     served = Served.now(settings["venv"], key.generation, argv[1], started, loaded.not_serving)
+    module_list.list_now()
     gc.freeze()
     server = Server(dirfd, lockfd, key, float(settings.get("idle", 900.0)), served, loaded,
                     spares=int(settings.get("spares", 0)))

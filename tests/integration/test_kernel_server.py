@@ -52,6 +52,11 @@ SELF = textwrap.dedent("""\
         "signals": [str(signal.getsignal(s)) for s in (signal.SIGINT, signal.SIGTERM)],
         "prefix": sys.prefix, "modules": sorted(m for m in sys.modules
                                                if m.split(".")[0] == "bootstrap"),
+        # The files the debugger is told are the kernel's own, and those of every module now.
+        "kernel_modules": get_ipython().kernel._kernel_modules,
+        "module_files": [m.__file__ for m in sys.modules.copy().values()
+                         if hasattr(m, "__file__") and m.__file__],
+        "ipkernel_sys": sys.modules["ipykernel.ipkernel"].sys is sys,
     }))
     ka_x = 1
 """)
@@ -173,6 +178,21 @@ def test_a_served_kernel_is_as_fresh_as_a_bare_start(kernel_world: RealWorld,
         assert facts["argv"][0] == "-f" and facts["argv"][1] != bare["argv"][1]
     assert len({bare["random"], first["random"], second["random"]}) == 3
     assert describe(kernel_world)["kernels_started"] == 2  # type: ignore[index]
+    for facts in (bare, first, second):
+        assert debugger_list(facts) == debugger_list(facts, now=True)[:len(debugger_list(facts))]
+        assert len(debugger_list(facts)) > 100 and facts["ipkernel_sys"]
+
+
+def debugger_list(facts: dict[str, Any], now: bool = False) -> list[str]:
+    """The files ipykernel listed for its debugger as it made the kernel (a served kernel: from
+    the server's list, bootstrap.kernels.module_list), or with ``now`` those of every module
+    loaded now; without the tool's own (a spare made its kernel before they were unloaded) and
+    ``__main__``'s (the launcher as the kernel is made, the shell's namespace as it runs)."""
+    import bootstrap
+
+    own = os.path.dirname(bootstrap.__file__) + os.sep
+    return [f for f in facts["module_files" if now else "kernel_modules"]
+            if not f.startswith(own) and os.path.basename(f) != "ipykernel_launcher.py"]
 
 
 def test_an_interrupt_reaches_the_served_kernel_through_its_stand_in(
