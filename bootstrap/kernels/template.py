@@ -11,8 +11,8 @@ start without slowing it, and ``kernel-preload``'s, bounded in time, checked for
 it is, in ``progress`` for the starts meanwhile: :mod:`progress`), the server's own context and
 what it compares requests with (:mod:`admission`), the modules a kernel lists for its debugger
 (:mod:`module_list`), then ``gc.freeze()`` so that forked kernels share those pages instead of
-copying them at their first collection. No thread, zmq context or
-event loop exists before a fork: none survives one.
+copying them at their first collection. No thread, zmq context or event loop exists before a
+fork: none survives one.
 """
 
 from __future__ import annotations
