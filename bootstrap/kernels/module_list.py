@@ -86,7 +86,18 @@ def list_now() -> None:
 
 def _now() -> list[object] | None:
     """What ``sys.modules.copy().values()`` holds now, the listed modules' files from
-    :data:`_listed`; None when nothing was listed, or nothing listed is loaded any more."""
+    :data:`_listed`; None when nothing was listed, nothing listed is loaded any more, or
+    another thread imported meanwhile (ipykernel's IOPub thread runs as a forked kernel is
+    made; ``copy()`` is one step, this walk is not): the real walk then."""
+    if not _listed:
+        return None
+    try:
+        return _read()
+    except (RuntimeError, KeyError):  # changed size during iteration; removed meanwhile
+        return None
+
+
+def _read() -> list[object] | None:
     added: list[str] = []
     for name in reversed(sys.modules):  # the newest first: what was imported since
         if name in _known:
