@@ -78,9 +78,10 @@ def _copy(text: str) -> str:
 def list_now() -> None:
     """List the loaded modules and their files (in the server, before its first fork)."""
     global _listed, _known
-    _listed = [(_copy(name), _File(_copy(file)) if isinstance(file, str) else None)
-               for name, file in [(name, getattr(module, "__file__", None))
-                                  for name, module in list(sys.modules.items())]]
+    _listed = []
+    for name, module in list(sys.modules.items()):
+        file = getattr(module, "__file__", None)
+        _listed.append((_copy(name), _File(_copy(file)) if isinstance(file, str) else None))
     _known = frozenset(name for name, _ in _listed)
 
 
@@ -121,13 +122,13 @@ def _read() -> list[object] | None:
 def listed() -> Iterator[None]:
     """While the block makes the kernel, ``IPythonKernel.__init__`` reads the listed modules
     (nothing changes where nothing was listed or ipykernel has no such module)."""
-    module = sys.modules.get("ipykernel.ipkernel")
-    values = _now() if module is not None and getattr(module, "sys", None) is sys else None
-    if module is None or values is None:
+    module: Any = sys.modules.get("ipykernel.ipkernel")
+    values = _now() if getattr(module, "sys", None) is sys else None
+    if values is None:
         yield
         return
-    module.sys = _Sys(_Modules(values))  # type: ignore[attr-defined]
+    module.sys = _Sys(_Modules(values))
     try:
         yield
     finally:
-        module.sys = sys  # type: ignore[attr-defined]
+        module.sys = sys

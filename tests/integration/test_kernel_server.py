@@ -179,8 +179,9 @@ def test_a_served_kernel_is_as_fresh_as_a_bare_start(kernel_world: RealWorld,
     assert len({bare["random"], first["random"], second["random"]}) == 3
     assert describe(kernel_world)["kernels_started"] == 2  # type: ignore[index]
     for facts in (bare, first, second):
-        assert debugger_list(facts) == debugger_list(facts, now=True)[:len(debugger_list(facts))]
-        assert len(debugger_list(facts)) > 100 and facts["ipkernel_sys"]
+        listed = debugger_list(facts)
+        assert listed == debugger_list(facts, now=True)[:len(listed)]
+        assert len(listed) > 100 and facts["ipkernel_sys"]
 
 
 def debugger_list(facts: dict[str, Any], now: bool = False) -> list[str]:
